@@ -1,0 +1,178 @@
+// The experts call and the ExpertsInterface (backend registry).
+//
+// A MoE layer routes each token to k experts and then calls ONE experts function:
+//
+//   out[t] = sum_{j < k, id = top_k_index[t, j] < E}  w(t, j) * expert_id(hidden[t])
+//   expert_e(x) = down_e( act( gate_up_e(x) ) )            (+ biases when has_bias)
+//
+// where w(t, j) = top_k_weights[t, j] when top_k_weights is [T, k], or top_k_weights[t, id] when
+// it is [T, E] (DeepSeek-V2 style). Ids >= E are expert-parallel sentinels (the expert lives on
+// another rank) and contribute nothing; a token may list the same expert twice (both count);
+// T may be 0. Negative ids are invalid input.
+//
+// Which function runs is a run-time choice among registered backends (see ExpertsBackend).
+// Every backend computes the same function; they differ in how the matrix products run.
+// Numerics contract shared by all backends: products accumulate in float32; the activated
+// intermediate is rounded to the activation dtype before the down projection (as transformers
+// does, and as tensor-core / AMX kernels must); the k contributions of a token are summed in
+// float32 in slot order j = 0..k-1 and rounded once. So the result does not depend on threading
+// or on how tokens were grouped.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moex/device.hpp"
+#include "moex/dtype.hpp"
+#include "moex/tensor.hpp"
+
+namespace moex {
+
+enum class Activation : unsigned char {
+  kSilu,       // x * sigmoid(x)
+  kGelu,       // exact erf GELU
+  kGeluTanh,   // tanh approximation ("gelu_pytorch_tanh", "gelu_new")
+  kRelu,
+  kSwigluOai,  // gpt-oss: g = min(g, limit); u = clamp(u, -limit, limit); (u + 1) * g * sigmoid(alpha g)
+};
+// Maps a Hugging Face `hidden_act` string ("silu", "swish", "gelu", "gelu_pytorch_tanh",
+// "gelu_new", "relu"); throws InvalidInput naming the unknown string.
+Activation parse_activation(std::string_view hf_name);
+std::string_view activation_name(Activation a);
+
+// Quantized expert weights (FP8 e4m3 / FP4 e2m1 values + block scales). Declared now so that
+// specs, loaders and backends carry it; no backend in this build accepts it yet (supports() says
+// so with a clear message).
+struct QuantScheme {
+  enum class Kind : unsigned char { kNone, kFp8E4M3, kFp4E2M1 } kind = Kind::kNone;
+  DType scale_dtype = DType::kF32;  // kF32 or kF8E8M0 (UE8M0, power-of-two)
+  int64_t block_n = 128;            // rows of W per scale (FP4: 1)
+  int64_t block_k = 128;            // columns of W per scale (FP4: 32)
+  bool quantized() const { return kind != Kind::kNone; }
+};
+
+struct ExpertsSpec {
+  int64_t num_experts = 0;   // E: experts held locally; ids >= E are sentinels
+  int64_t hidden = 0;        // H
+  int64_t intermediate = 0;  // I
+  bool has_gate = true;          // gate_up holds [gate; up] (2I rows) or only up (I rows)
+  bool has_bias = false;         // gate_up_bias [E, 2I or I], down_bias [E, H]
+  bool is_transposed = false;    // gate_up [E, H, 2I], down [E, I, H] instead of [E, 2I, H], [E, H, I]
+  bool is_concatenated = true;   // [gate; up] halves, or interleaved rows g0, u0, g1, u1, ...
+  Activation act = Activation::kSilu;
+  float swiglu_limit = 7.0f;     // kSwigluOai only
+  float swiglu_alpha = 1.702f;   // kSwigluOai only
+  QuantScheme quant;
+
+  int64_t gate_up_rows() const { return has_gate ? 2 * intermediate : intermediate; }
+  Shape gate_up_shape() const;  // as stored, honouring is_transposed
+  Shape down_shape() const;
+  std::string str() const;      // one line for error messages and logs
+};
+
+struct ExpertsWeights {
+  Tensor gate_up;       // [E, R, H] or transposed [E, H, R], R = spec.gate_up_rows()
+  Tensor down;          // [E, H, I] or transposed [E, I, H]
+  Tensor gate_up_bias;  // [E, R] when spec.has_bias (same row order as gate_up)
+  Tensor down_bias;     // [E, H] when spec.has_bias
+  Tensor gate_up_scale; // quantized only: block scales
+  Tensor down_scale;
+};
+
+// Throws InvalidInput naming the tensor, expected and actual shape / dtype / device.
+void validate_experts_weights(const ExpertsSpec& spec, const ExpertsWeights& w);
+
+// What a backend computes on, after validation: hidden is contiguous [T, H]; top_k_index is
+// contiguous int32 or int64 [T, k] with ids in [0, inf) (>= E are sentinels); top_k_weights is
+// contiguous [T, k] or [T, E] (weights_per_expert) of a float dtype; out is contiguous [T, H]
+// of hidden's dtype, allocated by the caller and fully written by the backend.
+struct ExpertsProblem {
+  const ExpertsSpec* spec = nullptr;
+  const ExpertsWeights* weights = nullptr;
+  const struct PreparedExperts* prepared = nullptr;  // from this backend's prepare(), may be null
+  Tensor hidden;
+  Tensor top_k_index;
+  Tensor top_k_weights;
+  bool weights_per_expert = false;
+  int64_t tokens() const { return hidden.size(0); }
+  int64_t top_k() const { return top_k_index.size(1); }
+};
+
+// Backend-owned state derived once from the weights (packed tiles, device copies, ...).
+struct PreparedExperts {
+  virtual ~PreparedExperts() = default;
+};
+
+struct BackendCaps {
+  std::vector<DeviceKind> devices;  // where it runs
+  std::vector<DType> dtypes;        // activation/weight dtypes it accepts
+  bool graph_capturable = false;    // may be recorded into a CUDA graph (no host sync, no alloc)
+  bool quantized_weights = false;   // accepts spec.quant.quantized()
+  std::string description;          // one line for `moex backends`
+};
+
+// The ExpertsInterface. Implementations are stateless with respect to calls (all per-weights state
+// lives in PreparedExperts), so one instance serves every layer and thread.
+class ExpertsBackend {
+ public:
+  virtual ~ExpertsBackend() = default;
+  virtual BackendCaps caps() const = 0;
+  // Empty when (spec, dtype, device) is served; otherwise the reason, in words a user can act on.
+  // The default checks caps(); backends add their own limits.
+  virtual std::string unsupported_reason(const ExpertsSpec& spec, DType dtype, Device device) const;
+  // Called once per (layer, backend) before the first forward; the result is cached by Experts.
+  virtual std::unique_ptr<PreparedExperts> prepare(const ExpertsSpec& spec,
+                                                   const ExpertsWeights& weights) const {
+    (void)spec;
+    (void)weights;
+    return nullptr;
+  }
+  virtual void forward(const ExpertsProblem& problem, Tensor& out) const = 0;
+};
+
+// ---- registry ----
+// Built-in backends are listed in one table (src/core/builtin_backends.cpp); user code adds its
+// own with register_experts_backend (a later registration under the same name replaces it).
+void register_experts_backend(const std::string& name, std::shared_ptr<const ExpertsBackend> b);
+// Throws UnknownName: "unknown experts backend 'x'; registered: batched_mm, eager, grouped_mm".
+std::shared_ptr<const ExpertsBackend> get_experts_backend(std::string_view name);
+bool has_experts_backend(std::string_view name);
+std::vector<std::string> experts_backend_names();  // sorted
+
+// ---- calls ----
+// Model-independent call: validates everything at this boundary, prepares (uncached) and runs.
+// Throws InvalidInput (shapes, dtypes, ids < 0), UnknownName (backend), Unsupported (backend
+// cannot serve this spec/dtype/device).
+Tensor experts_forward(std::string_view backend, const ExpertsSpec& spec,
+                       const ExpertsWeights& weights, const Tensor& hidden,
+                       const Tensor& top_k_index, const Tensor& top_k_weights);
+
+// An experts module of a model: spec + weights + a per-backend cache of prepared state. The
+// backend is chosen per call, so a model can switch backends at run time without reloading.
+class Experts {
+ public:
+  Experts(ExpertsSpec spec, ExpertsWeights weights);  // validates
+  const ExpertsSpec& spec() const { return spec_; }
+  const ExpertsWeights& weights() const { return weights_; }
+  Tensor forward(std::string_view backend, const Tensor& hidden, const Tensor& top_k_index,
+                 const Tensor& top_k_weights) const;
+
+ private:
+  ExpertsSpec spec_;
+  ExpertsWeights weights_;
+  mutable std::shared_ptr<struct PreparedCache> cache_;
+};
+
+// Float64 reference of the formula above (host tensors; any float dtype in; float64 [T, H] out).
+// It follows the numerics contract (the intermediate is rounded to hidden's dtype) so that every
+// backend can be compared with it at a tolerance derived from dtype and reduction length.
+Tensor experts_reference_f64(const ExpertsSpec& spec, const ExpertsWeights& weights,
+                             const Tensor& hidden, const Tensor& top_k_index,
+                             const Tensor& top_k_weights);
+
+}  // namespace moex

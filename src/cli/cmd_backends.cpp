@@ -1,0 +1,40 @@
+// `moex backends [--json]`: the registered experts backends, where they run and on which dtypes.
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/args.hpp"
+#include "cli/command.hpp"
+#include "moex/experts.hpp"
+
+namespace moex::cli {
+namespace {
+
+int run_backends(const std::vector<std::string>& argv) {
+  Args args(argv, {}, {"json"});
+  for (const auto& name : experts_backend_names()) {
+    BackendCaps c = get_experts_backend(name)->caps();
+    std::vector<std::string> devs, dts;
+    for (auto d : c.devices) devs.push_back(Device{d, 0}.str());
+    for (auto t : c.dtypes) dts.emplace_back(dtype_name(t));
+    if (args.has("json")) {
+      nlohmann::json j{{"name", name}, {"devices", devs}, {"dtypes", dts},
+                       {"graph_capturable", c.graph_capturable},
+                       {"quantized_weights", c.quantized_weights},
+                       {"description", c.description}};
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::string d, t;
+      for (auto& s : devs) d += (d.empty() ? "" : ",") + s;
+      for (auto& s : dts) t += (t.empty() ? "" : ",") + s;
+      std::printf("%-12s devices=%-22s dtypes=%-26s %s\n", name.c_str(), d.c_str(), t.c_str(),
+                  c.description.c_str());
+    }
+  }
+  return 0;
+}
+
+Registration reg({"backends", "list the registered experts backends", run_backends});
+
+}  // namespace
+}  // namespace moex::cli

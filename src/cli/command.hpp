@@ -1,0 +1,26 @@
+// CLI subcommands register themselves here (one static Registration per command file), so that
+// adding a command is adding a file. main() turns any moex::Error into one line on stderr + exit 2.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace moex::cli {
+
+using CommandFn = std::function<int(const std::vector<std::string>& args)>;
+
+struct Command {
+  std::string name;     // "bench", "generate", ...
+  std::string summary;  // one line for `moex --help`
+  CommandFn run;
+};
+
+void register_command(Command c);
+const std::vector<Command>& commands();
+
+struct Registration {
+  explicit Registration(Command c) { register_command(std::move(c)); }
+};
+
+}  // namespace moex::cli

@@ -1,0 +1,84 @@
+// `moex`: the command-line tool. Subcommands register themselves (command.hpp). Every library
+// error becomes one line "moex <cmd>: error: ..." on stderr and exit code 2; usage errors too.
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <cstdlib>
+
+#include "cli/command.hpp"
+#include "moex/error.hpp"
+
+namespace moex::cli {
+
+static std::vector<Command>& table() {
+  static std::vector<Command> t;
+  return t;
+}
+void register_command(Command c) { table().push_back(std::move(c)); }
+const std::vector<Command>& commands() { return table(); }
+
+}  // namespace moex::cli
+
+// Loads a plugin: a shared library whose static initialisers call moex::register_experts_backend
+// (see examples/reference_backend_plugin.cpp). It links against libmoex, which this executable
+// already holds, so the plugin's backends land in the same registry.
+static void load_plugin(const std::string& path) {
+  if (!dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL))
+    throw moex::InvalidInput("cannot load plugin '" + path + "': " + dlerror());
+}
+
+static void usage(std::FILE* f) {
+  std::fprintf(f,
+               "usage: moex [--plugin LIB.so]... <command> [flags]\n"
+               "  --plugin / MOEX_PLUGINS=a.so:b.so load shared libraries that register backends\n\n"
+               "commands:\n");
+  auto cmds = moex::cli::commands();
+  std::sort(cmds.begin(), cmds.end(), [](auto& a, auto& b) { return a.name < b.name; });
+  for (auto& c : cmds) std::fprintf(f, "  %-10s %s\n", c.name.c_str(), c.summary.c_str());
+}
+
+int main(int argc, char** argv) {
+  int first = 1;
+  try {
+    if (const char* env = std::getenv("MOEX_PLUGINS")) {
+      std::string list = env;
+      size_t start = 0;
+      while (start <= list.size()) {
+        size_t c = list.find(':', start);
+        std::string item = list.substr(start, c == std::string::npos ? std::string::npos : c - start);
+        if (!item.empty()) load_plugin(item);
+        if (c == std::string::npos) break;
+        start = c + 1;
+      }
+    }
+    while (first < argc && std::string(argv[first]) == "--plugin") {
+      if (first + 1 >= argc) throw moex::InvalidInput("missing value for --plugin");
+      load_plugin(argv[first + 1]);
+      first += 2;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moex: error: %s\n", e.what());
+    return 2;
+  }
+  if (argc <= first || std::string(argv[first]) == "--help" || std::string(argv[first]) == "-h") {
+    usage(argc <= first ? stderr : stdout);
+    return argc <= first ? 2 : 0;
+  }
+  std::string name = argv[first];
+  std::vector<std::string> args(argv + first + 1, argv + argc);
+  for (auto& c : moex::cli::commands()) {
+    if (c.name != name) continue;
+    try {
+      return c.run(args);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "moex %s: error: %s\n", name.c_str(), e.what());
+      return 2;
+    }
+  }
+  std::fprintf(stderr, "moex: error: unknown command '%s'\n", name.c_str());
+  usage(stderr);
+  return 2;
+}

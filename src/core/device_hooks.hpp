@@ -1,0 +1,19 @@
+// The core's only doorway to device memory. CUDA builds implement these in src/cuda/runtime.*;
+// CPU-only builds get versions that report "built without CUDA" (device_hooks_cpu.cpp), so a
+// request for a GPU fails with a clear error instead of silently running elsewhere.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "moex/device.hpp"
+#include "moex/tensor.hpp"
+
+namespace moex::detail {
+
+std::shared_ptr<Storage> device_alloc(size_t bytes, Device device);
+// Copies between any two devices (host <-> CUDA, CUDA <-> CUDA) and waits for completion.
+void device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
+int cuda_device_count();  // 0 without GPU or without CUDA support; never throws
+
+}  // namespace moex::detail

@@ -1,0 +1,20 @@
+// Device hooks of a CPU-only build (see device_hooks.hpp).
+#ifndef MOEX_WITH_CUDA
+#include "core/device_hooks.hpp"
+
+#include "moex/error.hpp"
+
+namespace moex::detail {
+
+std::shared_ptr<Storage> device_alloc(size_t, Device device) {
+  throw Unsupported("device " + device.str() +
+                    " requested, but this moex was built without CUDA (configure with -DMOEX_CUDA=ON)");
+}
+void device_copy(void*, Device dst, const void*, Device src, size_t) {
+  throw Unsupported("copy " + src.str() + " -> " + dst.str() +
+                    " requested, but this moex was built without CUDA");
+}
+int cuda_device_count() { return 0; }
+
+}  // namespace moex::detail
+#endif

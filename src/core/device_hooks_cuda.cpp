@@ -1,0 +1,17 @@
+// Device hooks of a CUDA build: forwards to the CUDA runtime layer (src/cuda/runtime.hpp).
+#ifdef MOEX_WITH_CUDA
+#include "core/device_hooks.hpp"
+#include "cuda/runtime.hpp"
+
+namespace moex::detail {
+
+std::shared_ptr<Storage> device_alloc(size_t bytes, Device device) {
+  return moex::cuda::alloc_storage(bytes, device.index);
+}
+void device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
+  moex::cuda::copy_bytes(dst, dst_dev, src, src_dev, bytes);
+}
+int cuda_device_count() { return moex::cuda::device_count(); }
+
+}  // namespace moex::detail
+#endif

@@ -1,0 +1,224 @@
+// Experts spec helpers, boundary validation, the model-independent call and the Experts module.
+#include "moex/experts.hpp"
+
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+#include "moex/error.hpp"
+
+namespace moex {
+
+Activation parse_activation(std::string_view n) {
+  if (n == "silu" || n == "swish") return Activation::kSilu;
+  if (n == "gelu") return Activation::kGelu;
+  if (n == "gelu_pytorch_tanh" || n == "gelu_new" || n == "gelu_fast") return Activation::kGeluTanh;
+  if (n == "relu") return Activation::kRelu;
+  if (n == "swiglu_oai") return Activation::kSwigluOai;
+  throw InvalidInput("unknown activation '" + std::string(n) +
+                     "'; supported: silu, swish, gelu, gelu_pytorch_tanh, gelu_new, relu");
+}
+
+std::string_view activation_name(Activation a) {
+  switch (a) {
+    case Activation::kSilu: return "silu";
+    case Activation::kGelu: return "gelu";
+    case Activation::kGeluTanh: return "gelu_pytorch_tanh";
+    case Activation::kRelu: return "relu";
+    case Activation::kSwigluOai: return "swiglu_oai";
+  }
+  return "?";
+}
+
+Shape ExpertsSpec::gate_up_shape() const {
+  return is_transposed ? Shape{num_experts, hidden, gate_up_rows()}
+                       : Shape{num_experts, gate_up_rows(), hidden};
+}
+Shape ExpertsSpec::down_shape() const {
+  return is_transposed ? Shape{num_experts, intermediate, hidden}
+                       : Shape{num_experts, hidden, intermediate};
+}
+
+std::string ExpertsSpec::str() const {
+  std::ostringstream o;
+  o << "E=" << num_experts << " H=" << hidden << " I=" << intermediate
+    << (has_gate ? (is_concatenated ? " gated(concat)" : " gated(interleaved)") : " ungated")
+    << (has_bias ? " bias" : "") << (is_transposed ? " transposed" : "") << " act="
+    << activation_name(act);
+  if (quant.quantized()) o << " quantized";
+  return o.str();
+}
+
+static void expect_tensor(const Tensor& t, const char* name, const Shape& shape, DType dtype,
+                          Device device) {
+  if (!t.defined()) throw InvalidInput(std::string("experts weight '") + name + "' is missing");
+  if (t.shape() != shape)
+    throw InvalidInput(std::string("experts weight '") + name + "' has shape " +
+                       shape_str(t.shape()) + ", expected " + shape_str(shape));
+  if (t.dtype() != dtype)
+    throw InvalidInput(std::string("experts weight '") + name + "' has dtype " +
+                       std::string(dtype_name(t.dtype())) + ", expected " +
+                       std::string(dtype_name(dtype)));
+  if (t.device() != device)
+    throw InvalidInput(std::string("experts weight '") + name + "' is on " + t.device().str() +
+                       ", gate_up is on " + device.str());
+  if (!t.is_contiguous())
+    throw InvalidInput(std::string("experts weight '") + name + "' must be contiguous");
+}
+
+void validate_experts_weights(const ExpertsSpec& s, const ExpertsWeights& w) {
+  if (s.num_experts <= 0 || s.hidden <= 0 || s.intermediate <= 0)
+    throw InvalidInput("experts spec needs positive sizes, got " + s.str());
+  if (s.quant.quantized())
+    throw Unsupported("quantized expert weights (FP8/FP4) are not supported by this build yet");
+  if (!w.gate_up.defined()) throw InvalidInput("experts weight 'gate_up_proj' is missing");
+  DType dt = w.gate_up.dtype();
+  if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16)
+    throw InvalidInput("experts weights must be float32, bfloat16 or float16, got " +
+                       std::string(dtype_name(dt)));
+  Device dev = w.gate_up.device();
+  expect_tensor(w.gate_up, "gate_up_proj", s.gate_up_shape(), dt, dev);
+  expect_tensor(w.down, "down_proj", s.down_shape(), dt, dev);
+  if (s.has_bias) {
+    expect_tensor(w.gate_up_bias, "gate_up_proj_bias", {s.num_experts, s.gate_up_rows()}, dt, dev);
+    expect_tensor(w.down_bias, "down_proj_bias", {s.num_experts, s.hidden}, dt, dev);
+  } else if (w.gate_up_bias.defined() || w.down_bias.defined()) {
+    throw InvalidInput("experts biases given but the spec says has_bias=false");
+  }
+}
+
+std::string ExpertsBackend::unsupported_reason(const ExpertsSpec& spec, DType dtype,
+                                               Device device) const {
+  BackendCaps c = caps();
+  bool dev_ok = false;
+  for (auto k : c.devices) dev_ok |= (k == device.kind);
+  if (!dev_ok) {
+    std::string list;
+    for (auto k : c.devices) list += (list.empty() ? "" : ", ") + Device{k, 0}.str();
+    return "runs on " + list + ", not on " + device.str();
+  }
+  bool dt_ok = false;
+  for (auto d : c.dtypes) dt_ok |= (d == dtype);
+  if (!dt_ok) {
+    std::string list;
+    for (auto d : c.dtypes) list += (list.empty() ? "" : ", ") + std::string(dtype_name(d));
+    return "supports dtypes " + list + ", not " + std::string(dtype_name(dtype));
+  }
+  if (spec.quant.quantized() && !c.quantized_weights) return "does not accept quantized weights";
+  return {};
+}
+
+namespace {
+
+// Validates the call at the library boundary and returns the problem a backend computes on.
+ExpertsProblem make_problem(const ExpertsBackend& b, std::string_view name, const ExpertsSpec& spec,
+                            const ExpertsWeights& weights, const Tensor& hidden,
+                            const Tensor& idx, const Tensor& tw) {
+  if (!hidden.defined() || hidden.dim() != 2 || hidden.size(1) != spec.hidden)
+    throw InvalidInput("hidden must be [T, " + std::to_string(spec.hidden) + "], got " +
+                       (hidden.defined() ? shape_str(hidden.shape()) : std::string("nothing")));
+  int64_t T = hidden.size(0);
+  if (hidden.dtype() != weights.gate_up.dtype())
+    throw InvalidInput("hidden is " + std::string(dtype_name(hidden.dtype())) +
+                       " but the expert weights are " +
+                       std::string(dtype_name(weights.gate_up.dtype())));
+  Device dev = weights.gate_up.device();
+  if (!idx.defined() || idx.dim() != 2 || idx.size(0) != T)
+    throw InvalidInput("top_k_index must be [" + std::to_string(T) + ", k], got " +
+                       (idx.defined() ? shape_str(idx.shape()) : std::string("nothing")));
+  if (idx.dtype() != DType::kI64 && idx.dtype() != DType::kI32)
+    throw InvalidInput("top_k_index must be int64 or int32, got " +
+                       std::string(dtype_name(idx.dtype())));
+  int64_t k = idx.size(1), E = spec.num_experts;
+  if (!tw.defined() || tw.dim() != 2 || tw.size(0) != T ||
+      (tw.size(1) != k && tw.size(1) != E))
+    throw InvalidInput("top_k_weights must be [T, k] = [" + std::to_string(T) + ", " +
+                       std::to_string(k) + "] or [T, E] = [" + std::to_string(T) + ", " +
+                       std::to_string(E) + "], got " +
+                       (tw.defined() ? shape_str(tw.shape()) : std::string("nothing")));
+  if (tw.dtype() != DType::kF32 && tw.dtype() != DType::kBF16 && tw.dtype() != DType::kF16)
+    throw InvalidInput("top_k_weights must be a float tensor, got " +
+                       std::string(dtype_name(tw.dtype())));
+  for (const Tensor* t : {&hidden, &idx, &tw})
+    if (t->device() != dev)
+      throw InvalidInput("experts inputs must be on the weights' device " + dev.str() + ", got " +
+                         t->str());
+  if (std::string why = b.unsupported_reason(spec, hidden.dtype(), dev); !why.empty())
+    throw Unsupported("experts backend '" + std::string(name) + "' cannot run " + spec.str() +
+                      " in " + std::string(dtype_name(hidden.dtype())) + " on " + dev.str() +
+                      ": it " + why);
+  ExpertsProblem p;
+  p.spec = &spec;
+  p.weights = &weights;
+  p.hidden = hidden.contiguous();
+  p.top_k_index = idx.contiguous();
+  p.top_k_weights = tw.contiguous();
+  // When k == E a [T, k] and a [T, E] tensor look alike; they mean the same only if read as
+  // [T, k], which is what transformers does (it checks the shape against k first).
+  p.weights_per_expert = tw.size(1) != k;
+  // Ids are checked here when they are host-visible; device ids cannot be read without a sync,
+  // so device kernels treat negative ids like sentinels (documented in docs/backends.md).
+  if (dev.host_accessible()) {
+    int64_t n = T * k;
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t id = p.top_k_index.dtype() == DType::kI64 ? p.top_k_index.data<int64_t>()[i]
+                                                       : p.top_k_index.data<int32_t>()[i];
+      if (id < 0)
+        throw InvalidInput("top_k_index[" + std::to_string(i / std::max<int64_t>(k, 1)) + ", " +
+                           std::to_string(i % std::max<int64_t>(k, 1)) + "] = " +
+                           std::to_string(id) + " is negative");
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+Tensor experts_forward(std::string_view backend, const ExpertsSpec& spec,
+                       const ExpertsWeights& weights, const Tensor& hidden,
+                       const Tensor& top_k_index, const Tensor& top_k_weights) {
+  validate_experts_weights(spec, weights);
+  auto b = get_experts_backend(backend);
+  ExpertsProblem p = make_problem(*b, backend, spec, weights, hidden, top_k_index, top_k_weights);
+  auto prepared = b->prepare(spec, weights);
+  p.prepared = prepared.get();
+  Tensor out = Tensor::empty({p.tokens(), spec.hidden}, hidden.dtype(), hidden.device());
+  b->forward(p, out);
+  return out;
+}
+
+struct PreparedCache {
+  std::mutex mu;
+  // Keyed by backend instance: re-registering a name gives a new instance and a fresh prepare.
+  std::unordered_map<const ExpertsBackend*,
+                     std::pair<std::shared_ptr<const ExpertsBackend>, std::shared_ptr<PreparedExperts>>>
+      entries;
+};
+
+Experts::Experts(ExpertsSpec spec, ExpertsWeights weights)
+    : spec_(std::move(spec)), weights_(std::move(weights)),
+      cache_(std::make_shared<PreparedCache>()) {
+  validate_experts_weights(spec_, weights_);
+}
+
+Tensor Experts::forward(std::string_view backend, const Tensor& hidden, const Tensor& idx,
+                        const Tensor& tw) const {
+  auto b = get_experts_backend(backend);
+  ExpertsProblem p = make_problem(*b, backend, spec_, weights_, hidden, idx, tw);
+  std::shared_ptr<PreparedExperts> prepared;
+  {
+    std::lock_guard<std::mutex> lock(cache_->mu);
+    auto it = cache_->entries.find(b.get());
+    if (it == cache_->entries.end())
+      it = cache_->entries.emplace(b.get(), std::make_pair(b, std::shared_ptr<PreparedExperts>(
+                                                                  b->prepare(spec_, weights_))))
+               .first;
+    prepared = it->second.second;
+  }
+  p.prepared = prepared.get();
+  Tensor out = Tensor::empty({p.tokens(), spec_.hidden}, hidden.dtype(), hidden.device());
+  b->forward(p, out);
+  return out;
+}
+
+}  // namespace moex

@@ -1,0 +1,48 @@
+// `batched_mm` on CPU: one product per (token, slot) pair, reading that pair's expert weights
+// straight from the weight tensor (no gathered copies). Pairs are independent, so threads take
+// them dynamically. Best when there are very few tokens.
+#include <vector>
+
+#include "cpu/backends.hpp"
+#include "cpu/experts_common.hpp"
+
+namespace moex::cpu {
+namespace {
+
+class BatchedMmCpu final : public ExpertsBackend {
+ public:
+  BackendCaps caps() const override {
+    return cpu_caps("one product per (token, slot) pair; for very few tokens");
+  }
+
+  void forward(const ExpertsProblem& p, Tensor& out) const override {
+    const ExpertsSpec& s = *p.spec;
+    const int64_t H = s.hidden;
+    RoutingView r(p);
+    const int64_t n = r.T * r.k;
+    std::vector<float> pair_out(size_t(n * H), 0.f);
+    const size_t es = dtype_size(p.hidden.dtype());
+    const char* hid = static_cast<const char*>(p.hidden.raw());
+#pragma omp parallel
+    {
+      std::vector<float> x(static_cast<size_t>(H)), scratch;
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t q = 0; q < n; ++q) {
+        const int64_t t = q / r.k, e = r.id(t, q % r.k);
+        if (e >= r.E) continue;  // sentinel
+        load_floats(hid + size_t(t * H) * es, p.hidden.dtype(), H, x.data());
+        expert_mlp_rows(s, *p.weights, e, x.data(), 1, pair_out.data() + q * H,
+                        p.hidden.dtype(), scratch);
+      }
+    }
+    combine(r, pair_out.data(), H, out);
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const ExpertsBackend> make_batched_mm_backend() {
+  return std::make_shared<BatchedMmCpu>();
+}
+
+}  // namespace moex::cpu

@@ -1,0 +1,55 @@
+// `eager` on CPU: the reference loop of transformers — for each expert that received tokens,
+// gather its tokens, run the expert MLP on them, scatter the results. Experts run one after
+// another (like transformers); threads split each expert's matrix products by output rows.
+#include <vector>
+
+#include "cpu/backends.hpp"
+#include "cpu/experts_common.hpp"
+
+namespace moex::cpu {
+namespace {
+
+class EagerCpu final : public ExpertsBackend {
+ public:
+  BackendCaps caps() const override {
+    return cpu_caps("loop over the experts that received tokens (reference)");
+  }
+
+  void forward(const ExpertsProblem& p, Tensor& out) const override {
+    const ExpertsSpec& s = *p.spec;
+    const int64_t H = s.hidden;
+    RoutingView r(p);
+    ExpertGroups g = group_by_expert(r);
+    std::vector<float> pair_out(size_t(r.T * r.k * H), 0.f);
+    std::vector<float> x, y;
+    const size_t es = dtype_size(p.hidden.dtype());
+    const char* hid = static_cast<const char*>(p.hidden.raw());
+    for (int64_t e = 0; e < s.num_experts; ++e) {
+      const int64_t n = g.count(e);
+      if (n == 0) continue;
+      const int64_t* pairs = g.pairs.data() + g.offsets[size_t(e)];
+      x.resize(size_t(n * H));
+      y.resize(size_t(n * H));
+      for (int64_t i = 0; i < n; ++i)
+        load_floats(hid + size_t(pairs[i] / r.k * H) * es, p.hidden.dtype(), H, x.data() + i * H);
+      // Split the tokens of this expert across threads; each runs the whole MLP on its rows.
+#pragma omp parallel
+      {
+        std::vector<float> scratch;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; ++i)
+          expert_mlp_rows(s, *p.weights, e, x.data() + i * H, 1, y.data() + i * H,
+                          p.hidden.dtype(), scratch);
+      }
+      for (int64_t i = 0; i < n; ++i)
+        std::copy(y.begin() + i * H, y.begin() + (i + 1) * H, pair_out.begin() + pairs[i] * H);
+    }
+    combine(r, pair_out.data(), H, out);
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const ExpertsBackend> make_eager_backend() { return std::make_shared<EagerCpu>(); }
+
+}  // namespace moex::cpu

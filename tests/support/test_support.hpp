@@ -1,0 +1,44 @@
+// The one consistency harness every backend is checked with: seeded random experts and routing,
+// a float64 reference, a normalised error computed in double and a tolerance derived from the
+// dtype and the reduction length (ggml test-backend-ops, DeepGEMM calc_diff).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "moex/check.hpp"
+#include "moex/experts.hpp"
+#include "moex/tensor.hpp"
+
+namespace moex::test {
+
+// Weights ~ U(-a, a) with a = 1/sqrt(fan_in) (so activations stay O(1)), biases ~ U(-0.5, 0.5),
+// rounded to `dtype`, stored in the layout the spec describes.
+ExpertsWeights random_experts_weights(const ExpertsSpec& spec, DType dtype, uint64_t seed);
+
+enum class RoutingCase {
+  kRandom,        // k distinct experts per token, uniformly drawn
+  kEveryExpert,   // token t starts at expert (t*k) mod E, so every expert is hit when T*k >= E
+  kEmptyExperts,  // only experts in the lower third are used; the rest receive no token
+  kDuplicates,    // each token lists one expert twice
+  kSentinels,     // about a quarter of the slots hold ids >= E (expert-parallel sentinels)
+};
+std::string routing_case_name(RoutingCase c);
+
+struct Routing {
+  Tensor hidden;         // [T, H] of the activation dtype, ~ U(-1, 1)
+  Tensor top_k_index;    // [T, k] int64 (or int32)
+  Tensor top_k_weights;  // [T, k] (or [T, E] when per_expert_weights) float32, softmax-like positive
+};
+Routing random_routing(const ExpertsSpec& spec, int64_t tokens, int64_t top_k, DType dtype,
+                       uint64_t seed, RoutingCase c, bool per_expert_weights = false,
+                       DType index_dtype = DType::kI64);
+
+// The shared metric and tolerance rule (include/moex/check.hpp).
+using moex::experts_tolerance;
+using moex::rel_l2_error;
+
+// Path of a file in tests/data (the fixtures copied into the project).
+std::string data_path(const std::string& relative);
+
+}  // namespace moex::test
