@@ -1,0 +1,344 @@
+// `moex bench experts`: times each experts backend on synthetic weights over token counts, after
+// checking its result, and prints the floor and the fraction of it reached.
+//
+// Floor = max(bytes / measured bandwidth, flops / measured peak) with bytes = the weights of the
+// distinct experts hit + activations in and out, flops = 2 T k (R H + H I). Weights are kept out
+// of the caches (CPU: a buffer several times the last-level cache is streamed before every timed
+// run; CUDA: the L2 is flushed before every timed run), so the floor is the honest DRAM/HBM one.
+// Check: eager's rows for a sample of tokens against the float64 reference, every other backend
+// against eager on the same tokens (a token's output depends only on its own inputs).
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/args.hpp"
+#include "cli/command.hpp"
+#include "cpu/engine.hpp"
+#include "moex/check.hpp"
+#include "moex/error.hpp"
+#include "moex/experts.hpp"
+#ifdef MOEX_WITH_CUDA
+#include "cuda/runtime.hpp"
+#endif
+
+namespace moex::cli {
+namespace {
+
+struct NamedShape {
+  const char* name;
+  int64_t E, k, H, I;
+};
+constexpr NamedShape kShapes[] = {
+    {"qwen1.5-moe-a2.7b", 60, 4, 2048, 1408},
+    {"deepseek-v3", 256, 8, 7168, 2048},
+    {"mixtral-8x7b", 8, 2, 4096, 14336},
+};
+
+// Fills n values of `dt` with U(-a, a), in parallel, from a counter-based hash (fast and
+// reproducible regardless of the thread count).
+void fill_random(void* dst, DType dt, int64_t n, float a, uint64_t seed) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t z = (uint64_t(i) + seed * 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 31;
+    z *= 0x94D049BB133111EBull;
+    z ^= z >> 29;
+    float v = (float(z >> 40) * (1.0f / 16777216.0f) * 2.f - 1.f) * a;
+    switch (dt) {
+      case DType::kF32: static_cast<float*>(dst)[i] = v; break;
+      case DType::kBF16: static_cast<uint16_t*>(dst)[i] = float_to_bf16(v); break;
+      default: static_cast<uint16_t*>(dst)[i] = float_to_f16(v); break;
+    }
+  }
+}
+
+Tensor random_tensor(Shape shape, DType dt, float a, uint64_t seed) {
+  Tensor t = Tensor::empty(std::move(shape), dt);
+  fill_random(t.raw(), dt, t.numel(), a, seed);
+  return t;
+}
+
+struct Routing {
+  Tensor idx, w;
+  int64_t distinct = 0;
+};
+
+Routing make_routing(int64_t T, int64_t k, int64_t E, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> ids(static_cast<size_t>(T * k)), perm(static_cast<size_t>(E));
+  std::vector<float> w(static_cast<size_t>(T * k));
+  std::set<int64_t> hit;
+  std::uniform_real_distribution<float> u(0.05f, 1.f);
+  for (int64_t t = 0; t < T; ++t) {
+    std::iota(perm.begin(), perm.end(), 0);
+    for (int64_t j = 0; j < k; ++j) {  // partial Fisher-Yates: k distinct experts
+      std::swap(perm[size_t(j)], perm[size_t(j + int64_t(rng() % uint64_t(E - j)))]);
+      ids[size_t(t * k + j)] = perm[size_t(j)];
+      hit.insert(perm[size_t(j)]);
+      w[size_t(t * k + j)] = u(rng);
+    }
+  }
+  return {Tensor::from_ints(ids, {T, k}), Tensor::from_floats(w, {T, k}), int64_t(hit.size())};
+}
+
+// Rows `rows` of a [T, C] host tensor.
+Tensor take_rows(const Tensor& t, const std::vector<int64_t>& rows) {
+  Tensor h = t.device().host_accessible() ? t : t.to(Device::cpu());
+  Tensor out = Tensor::empty({int64_t(rows.size()), h.size(1)}, h.dtype());
+  size_t row_bytes = size_t(h.size(1)) * dtype_size(h.dtype());
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(static_cast<char*>(out.raw()) + i * row_bytes,
+                static_cast<const char*>(h.raw()) + size_t(rows[i]) * row_bytes, row_bytes);
+  return out;
+}
+
+// Streams a buffer several times the last-level cache so that weights are not cache-resident.
+class CacheEvictor {
+ public:
+  CacheEvictor() {
+    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    size_t bytes = std::max<size_t>(size_t(std::max(l3, 0L)) * 4, size_t(256) << 20);
+    buf_.assign(bytes / sizeof(uint64_t), 1);
+  }
+  void evict() {
+    uint64_t s = 0;
+#pragma omp parallel for reduction(+ : s) schedule(static)
+    for (size_t i = 0; i < buf_.size(); i += 8) s += buf_[i]++;
+    sink_ += s;
+  }
+
+ private:
+  std::vector<uint64_t> buf_;
+  volatile uint64_t sink_ = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+double time_cpu_ms(const std::function<void()>& fn, CacheEvictor& ev, int min_iters,
+                   double budget_s) {
+  fn();  // warm-up (prepare, workspaces, page faults)
+  std::vector<double> ms;
+  auto start = std::chrono::steady_clock::now();
+  while (int(ms.size()) < min_iters ||
+         (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
+              budget_s &&
+          ms.size() < 200)) {
+    ev.evict();
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return median(ms);
+}
+
+int run_bench_experts(const std::vector<std::string>& argv) {
+  Args a(argv,
+         {"device", "shape", "experts", "top-k", "hidden", "intermediate", "dtype", "tokens",
+          "backends", "graph", "bandwidth-gbs", "peak-tflops", "min-iters", "budget-s", "seed",
+          "check-tokens"},
+         {"json", "no-check"});
+  Device dev = parse_device(a.get_or("device", "cpu"));
+  DType dt = parse_dtype(a.get_or("dtype", "bfloat16"));
+  std::string shape_name = a.get_or("shape", "qwen1.5-moe-a2.7b");
+  NamedShape sh{"custom", 0, 0, 0, 0};
+  if (a.has("experts") || a.has("hidden") || a.has("intermediate") || a.has("top-k")) {
+    sh = {"custom", a.get_int("experts", 0), a.get_int("top-k", 0), a.get_int("hidden", 0),
+          a.get_int("intermediate", 0)};
+    if (sh.E <= 0 || sh.k <= 0 || sh.H <= 0 || sh.I <= 0 || sh.k > sh.E)
+      throw InvalidInput("a custom shape needs --experts E --top-k K --hidden H --intermediate I "
+                         "with positive values and K <= E");
+  } else {
+    bool found = false;
+    std::string names;
+    for (auto& s : kShapes) {
+      names += std::string(names.empty() ? "" : ", ") + s.name;
+      if (shape_name == s.name) sh = s, found = true;
+    }
+    if (!found) throw InvalidInput("unknown --shape '" + shape_name + "'; known: " + names);
+  }
+  std::vector<int64_t> tokens = a.get_int_list("tokens", {1, 4, 16, 64, 256, 1024, 4096});
+  for (int64_t t : tokens)
+    if (t < 0) throw InvalidInput("--tokens entries must be >= 0");
+  std::vector<std::string> backends = a.get_list("backends", {});
+  if (backends.empty())
+    for (auto& n : experts_backend_names())
+      if (get_experts_backend(n)->unsupported_reason(ExpertsSpec{}, dt, dev).empty())
+        backends.push_back(n);
+  std::string graph_mode = a.get_or("graph", dev.is_cuda() ? "both" : "off");
+  if (graph_mode != "off" && graph_mode != "on" && graph_mode != "both")
+    throw InvalidInput("--graph must be off, on or both");
+  if (!dev.is_cuda() && graph_mode != "off")
+    throw InvalidInput("--graph on|both needs --device cuda (graphs are CUDA graphs)");
+  const bool json = a.has("json"), check = !a.has("no-check");
+  const uint64_t seed = uint64_t(a.get_int("seed", 1));
+
+  ExpertsSpec spec;
+  spec.num_experts = sh.E;
+  spec.hidden = sh.H;
+  spec.intermediate = sh.I;
+  const int64_t R = spec.gate_up_rows();
+  for (auto& b : backends) {  // fail before the expensive setup
+    auto be = get_experts_backend(b);
+    if (auto why = be->unsupported_reason(spec, dt, dev); !why.empty())
+      throw Unsupported("experts backend '" + b + "' cannot run on " + dev.str() + " in " +
+                        std::string(dtype_name(dt)) + ": it " + why);
+  }
+  const size_t es = dtype_size(dt);
+  const double expert_bytes = double((R * sh.H + sh.H * sh.I) * int64_t(es));
+  const double weight_bytes = expert_bytes * double(sh.E);
+  if (dev.is_cpu()) {
+    double avail = double(sysconf(_SC_AVPHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+    if (weight_bytes > 0.8 * avail)
+      throw Unsupported("shape " + std::string(sh.name) + " needs " +
+                        std::to_string(int64_t(weight_bytes / 1e9)) + " GB of weights in " +
+                        std::string(dtype_name(dt)) + "; this machine has " +
+                        std::to_string(int64_t(avail / 1e9)) + " GB available");
+  }
+
+  // Ceilings, measured here unless given.
+  double bw_gbs = a.get_double("bandwidth-gbs", 0), peak_tflops = a.get_double("peak-tflops", 0);
+  std::string kernel = "portable";
+  if (dev.is_cpu()) {
+    if (bw_gbs <= 0) bw_gbs = cpu::measure_dram_read_gbs();
+    if (peak_tflops <= 0) peak_tflops = cpu::measure_kernel_peak_gflops(dt) / 1e3;
+    kernel = std::string(cpu::kernel_path_name());
+  } else {
+#ifdef MOEX_WITH_CUDA
+    if (cuda::device_count() == 0) throw Unsupported("--device cuda: no CUDA GPU is visible");
+    if (bw_gbs <= 0 || peak_tflops <= 0) {
+      cuda::Ceilings c = cuda::measure_ceilings(dt);
+      if (bw_gbs <= 0) bw_gbs = c.bandwidth_gbs;
+      if (peak_tflops <= 0) peak_tflops = c.peak_tflops;
+    }
+    kernel = cuda::device_info(dev.index).name;
+#else
+    throw Unsupported("--device " + dev.str() + ": this moex was built without CUDA");
+#endif
+  }
+  if (!json)
+    std::printf("# shape %s (E=%lld k=%lld H=%lld I=%lld) %s on %s [%s]; ceilings: %.1f GB/s, "
+                "%.1f TFLOP/s\n",
+                sh.name, (long long)sh.E, (long long)sh.k, (long long)sh.H, (long long)sh.I,
+                std::string(dtype_name(dt)).c_str(), dev.str().c_str(), kernel.c_str(), bw_gbs,
+                peak_tflops);
+
+  ExpertsWeights w;
+  w.gate_up = random_tensor(spec.gate_up_shape(), dt, 1.f / std::sqrt(float(sh.H)), seed);
+  w.down = random_tensor(spec.down_shape(), dt, 1.f / std::sqrt(float(sh.I)), seed + 1);
+  ExpertsWeights w_host = w;
+  if (!dev.host_accessible()) {
+    w.gate_up = w.gate_up.to(dev);
+    w.down = w.down.to(dev);
+  }
+  Experts experts(spec, w);
+  Experts experts_host(spec, w_host);
+  CacheEvictor evictor;
+  const int min_iters = int(a.get_int("min-iters", 5));
+  const double budget_s = a.get_double("budget-s", 1.0);
+  const int64_t check_tokens = a.get_int("check-tokens", 8);
+
+  if (!json)
+    std::printf("%-12s %6s %6s %10s %10s %9s %9s %9s %10s\n", "backend", "tokens", "graph", "ms",
+                "floor_ms", "fraction", "TFLOP/s", "GB/s", "check_err");
+  for (int64_t T : tokens) {
+    Routing r = make_routing(T, sh.k, sh.E, seed + 100 + uint64_t(T));
+    Tensor hidden = random_tensor({T, sh.H}, dt, 1.f, seed + 7 + uint64_t(T));
+    Tensor hd = hidden, idxd = r.idx, wd = r.w;
+    if (!dev.host_accessible()) {
+      hd = hidden.to(dev);
+      idxd = r.idx.to(dev);
+      wd = r.w.to(dev);
+    }
+    const double bytes = double(r.distinct) * expert_bytes + 2.0 * double(T * sh.H) * double(es) +
+                         double(T * sh.k) * 12.0;
+    const double flops = 2.0 * double(T * sh.k) * double(R * sh.H + sh.H * sh.I);
+    const double floor_ms = std::max(bytes / (bw_gbs * 1e9), flops / (peak_tflops * 1e12)) * 1e3;
+
+    // Check sample: tokens spread over [0, T).
+    std::vector<int64_t> rows;
+    for (int64_t i = 0; i < std::min(T, check_tokens); ++i) rows.push_back(i * T / std::min(T, check_tokens));
+    Tensor eager_rows;
+    if (check && T > 0) {
+      Tensor hs = take_rows(hidden, rows), is = take_rows(r.idx, rows), ws = take_rows(r.w, rows);
+      eager_rows = experts_host.forward("eager", hs, is, ws);
+      Tensor ref = experts_reference_f64(spec, w_host, hs, is, ws);
+      double err = rel_l2_error(eager_rows, ref), tol = experts_tolerance(dt, std::max(sh.H, sh.I));
+      if (!(err <= tol))
+        throw Error("check failed: eager differs from the float64 reference by " +
+                    std::to_string(err) + " (tolerance " + std::to_string(tol) + ") at T=" +
+                    std::to_string(T));
+    }
+    for (const std::string& b : backends) {
+      Tensor out = experts.forward(b, hd, idxd, wd);
+      double err = 0;
+      if (check && T > 0) {
+        err = rel_l2_error(take_rows(out, rows), eager_rows);
+        double tol = 2 * experts_tolerance(dt, std::max(sh.H, sh.I));
+        if (!(err <= tol))
+          throw Error("check failed: backend '" + b + "' differs from eager by " +
+                      std::to_string(err) + " (tolerance " + std::to_string(tol) + ") at T=" +
+                      std::to_string(T) + "; not timing a wrong result");
+      }
+      std::vector<bool> graph_modes;
+      if (graph_mode != "on") graph_modes.push_back(false);
+      if (graph_mode != "off") graph_modes.push_back(true);
+      for (bool g : graph_modes) {
+        auto fn = [&] { (void)experts.forward(b, hd, idxd, wd); };
+        double ms = 0;
+        if (dev.is_cpu()) {
+          ms = time_cpu_ms(fn, evictor, min_iters, budget_s);
+        } else {
+#ifdef MOEX_WITH_CUDA
+          if (g && !get_experts_backend(b)->caps().graph_capturable) continue;
+          ms = cuda::time_ms(fn, g, 3, std::max(min_iters, 20));
+#endif
+        }
+        double frac = ms > 0 ? floor_ms / ms : 0;
+        if (json) {
+          nlohmann::json j{{"backend", b}, {"device", dev.str()}, {"dtype", dtype_name(dt)},
+                           {"shape", sh.name}, {"experts", sh.E}, {"top_k", sh.k},
+                           {"hidden", sh.H}, {"intermediate", sh.I}, {"tokens", T},
+                           {"graph", g}, {"ms", ms}, {"floor_ms", floor_ms},
+                           {"fraction_of_floor", frac}, {"bytes", bytes}, {"flops", flops},
+                           {"distinct_experts", r.distinct}, {"bandwidth_gbs", bw_gbs},
+                           {"peak_tflops", peak_tflops}, {"kernel", kernel},
+                           {"check_rel_err", err}};
+          std::printf("%s\n", j.dump().c_str());
+        } else {
+          std::printf("%-12s %6lld %6s %10.4f %10.4f %8.1f%% %9.2f %9.1f %10.2e\n", b.c_str(),
+                      (long long)T, g ? "on" : "off", ms, floor_ms, 100 * frac,
+                      ms > 0 ? flops / ms / 1e9 : 0, ms > 0 ? bytes / ms / 1e6 : 0, err);
+        }
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}
+
+int run_bench(const std::vector<std::string>& argv) {
+  if (argv.empty() || argv[0] != "experts")
+    throw InvalidInput("usage: moex bench experts [--device cpu|cuda] [--shape NAME | --experts E "
+                       "--top-k K --hidden H --intermediate I] [--dtype bfloat16|float16|float32] "
+                       "[--tokens 1,4,16] [--backends a,b] [--graph off|on|both] [--json] "
+                       "[--bandwidth-gbs X] [--peak-tflops Y] [--min-iters N] [--budget-s S]");
+  return run_bench_experts(std::vector<std::string>(argv.begin() + 1, argv.end()));
+}
+
+Registration reg({"bench", "benchmark experts backends (bench experts ...)", run_bench});
+
+}  // namespace
+}  // namespace moex::cli
