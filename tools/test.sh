@@ -23,6 +23,6 @@ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEX_CUDA=
   -DMOEX_TESTS=OFF -DMOEX_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang >/dev/null
 cmake --build build-fuzz -j"$jobs" --target fuzz_safetensors_header
 mkdir -p build-fuzz/corpus
-./build-fuzz/fuzz/fuzz_safetensors_header -max_total_time="${MOEX_FUZZ_SECONDS:-60}" \
-  -print_final_stats=1 build-fuzz/corpus fuzz/corpus
+./build-fuzz/fuzz/fuzz_safetensors_header -max_total_time="${MOEX_FUZZ_SECONDS:-60}" -timeout=10 \
+  -dict=fuzz/safetensors.dict -print_final_stats=1 build-fuzz/corpus fuzz/corpus
 echo "all tests passed"

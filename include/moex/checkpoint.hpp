@@ -1,0 +1,45 @@
+// A Hugging Face checkpoint folder: config.json (+ generation_config.json) and either
+// model.safetensors or a sharded model.safetensors.index.json. Tensors are memory-mapped and
+// looked up by name across shards; nothing is read until asked for.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "moex/safetensors.hpp"
+#include "moex/tensor.hpp"
+
+namespace moex {
+
+class Checkpoint {
+ public:
+  // Throws InvalidInput / Error naming the folder and the file at fault (missing config.json,
+  // invalid JSON, index naming a missing shard, a tensor in two shards, ...).
+  static std::shared_ptr<Checkpoint> open(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  const nlohmann::json& config() const;             // config.json
+  const nlohmann::json& generation_config() const;  // {} when absent
+  std::string model_type() const;                   // config["model_type"]
+
+  bool has(const std::string& name) const;
+  std::vector<std::string> names() const;  // sorted
+  // The raw tensor as stored (aliasing the mapping). Throws InvalidInput "missing tensor 'x' in DIR".
+  Tensor get(const std::string& name) const;
+  // get() + checks the shape, then converts to `dtype` if it differs (a copy only then).
+  // Throws InvalidInput "tensor 'x' has shape [a, b], expected [c, d]".
+  Tensor get(const std::string& name, const Shape& expected, DType dtype) const;
+
+ private:
+  std::string dir_;
+  std::shared_ptr<nlohmann::json> config_, generation_config_;
+  std::map<std::string, std::shared_ptr<SafetensorsFile>> files_;  // shard file -> mapping
+  std::map<std::string, std::string> where_;                         // tensor -> shard file
+};
+
+}  // namespace moex

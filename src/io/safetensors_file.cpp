@@ -1,0 +1,187 @@
+// Memory-mapped safetensors files and the writer.
+//
+// A file is mapped once, read-only and private; tensors are views into that mapping and hold it
+// alive through the shared Storage, whose release unmaps it. So loading a model costs address
+// space, not a second copy in memory, and pages are read only when a tensor is touched. The
+// mapping is PROT_READ on purpose: a writable private mapping of a file larger than RAM + swap can
+// be refused by the kernel's overcommit accounting, and a stray write through a weight view
+// should fault loudly rather than silently copy pages. The only copy made is for a tensor whose
+// bytes are not aligned to its element size (a header whose length is not a multiple of 8), so
+// that typed access stays defined behaviour.
+//
+// Truncating a file while it is mapped makes the kernel raise SIGBUS on access; no reader of
+// mapped files can prevent that, so do not rewrite checkpoints that a process is using.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "moex/error.hpp"
+#include "moex/safetensors.hpp"
+
+namespace moex {
+
+// Friend of SafetensorsFile: fills a file from a mapping (or an owned copy) of its bytes.
+class SafetensorsParser {
+ public:
+  static std::shared_ptr<SafetensorsFile> build(std::shared_ptr<Storage> bytes,
+                                                const std::string& label) {
+    auto file = std::make_shared<SafetensorsFile>();
+    file->path_ = label;
+    const auto entries =
+        parse_safetensors_header(static_cast<const uint8_t*>(bytes->data()), bytes->bytes(),
+                                 &file->data_start_, &file->metadata_, label);
+    for (const auto& e : entries) file->entries_.emplace(e.name, e);
+    file->mapping_ = std::move(bytes);
+    return file;
+  }
+};
+
+namespace {
+
+std::string errno_text() { return std::strerror(errno); }
+
+// Closes the descriptor on every path out of open().
+struct FdGuard {
+  int fd;
+  ~FdGuard() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+size_t element_alignment(DType t) {
+  const size_t s = dtype_size(t);
+  return s == 0 ? 1 : s;
+}
+
+// write(2) until done; EINTR and short writes are normal for large buffers.
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw Error(path + ": write failed: " + errno_text());
+    }
+    p += w;
+    n -= size_t(w);
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (fd.fd < 0) throw Error(path + ": cannot open: " + errno_text());
+  struct stat st {};
+  if (::fstat(fd.fd, &st) != 0) throw Error(path + ": cannot stat: " + errno_text());
+  if (!S_ISREG(st.st_mode)) throw InvalidInput(path + ": not a regular file");
+  const size_t size = size_t(st.st_size);
+  // mmap rejects length 0, and a file this short cannot be valid anyway: let the parser say why.
+  if (size < 8) {
+    uint64_t unused = 0;
+    parse_safetensors_header(nullptr, size, &unused, nullptr, path);  // throws "shorter than 8"
+    throw InvalidInput(path + ": file too short");                    // not reached
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.fd, 0);
+  if (p == MAP_FAILED) throw Error(path + ": cannot mmap " + std::to_string(size) + " bytes: " + errno_text());
+  auto storage =
+      std::make_shared<Storage>(p, size, Device::cpu(), [size](void* q) { ::munmap(q, size); });
+  return SafetensorsParser::build(std::move(storage), path);
+}
+
+std::shared_ptr<SafetensorsFile> SafetensorsFile::from_bytes(const void* data, size_t size,
+                                                             const std::string& label) {
+  // A 64-byte aligned copy, so alignment behaves as for a page-aligned mapping.
+  auto storage = Storage::host(std::max<size_t>(size, 1));
+  if (size) std::memcpy(storage->data(), data, size);
+  auto exact = std::make_shared<Storage>(storage->data(), size, Device::cpu(),
+                                         [keep = storage](void*) mutable { keep.reset(); });
+  return SafetensorsParser::build(std::move(exact), label);
+}
+
+const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
+  const auto it = entries_.find(name);
+  if (it == entries_.end()) throw InvalidInput("tensor '" + name + "' not found in " + path_);
+  return it->second;
+}
+
+Tensor SafetensorsFile::get(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  const uint64_t offset = data_start_ + e.begin;
+  Shape strides = contiguous_strides(e.shape);
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(mapping_->data()) + offset;
+  if (addr % element_alignment(e.dtype) == 0)
+    return Tensor(mapping_, size_t(offset), e.dtype, e.shape, std::move(strides));
+  // Misaligned (legal in the format, never produced by the reference writer): copy once.
+  const size_t nbytes = size_t(e.end - e.begin);
+  auto copy = Storage::host(std::max<size_t>(nbytes, 1));
+  std::memcpy(copy->data(), static_cast<const char*>(mapping_->data()) + offset, nbytes);
+  return Tensor(std::move(copy), 0, e.dtype, e.shape, std::move(strides));
+}
+
+void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  // Largest elements first (then by name), like the reference writer: with a header padded to a
+  // multiple of 8, every tensor then starts aligned to its element size.
+  std::vector<std::pair<std::string, Tensor>> order;
+  for (const auto& [name, t] : tensors) {
+    if (name == "__metadata__") throw InvalidInput(path + ": '__metadata__' cannot name a tensor");
+    if (!t.defined()) throw InvalidInput(path + ": tensor '" + name + "' is undefined");
+    if (!t.device().host_accessible())
+      throw InvalidInput(path + ": tensor '" + name + "' is on " + t.device().str() +
+                         "; copy it to the host before saving");
+    order.emplace_back(name, t.is_contiguous() ? t : t.contiguous());
+  }
+  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return dtype_size(a.second.dtype()) > dtype_size(b.second.dtype());
+  });
+
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : order) {
+    const uint64_t n = t.nbytes();
+    header[name] = {{"dtype", safetensors_dtype_name(t.dtype())},
+                    {"shape", t.shape()},
+                    {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // JSON allows trailing spaces
+
+  // Write beside the target and rename, so a failed write never leaves a half file under `path`.
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    FdGuard fd{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+    if (fd.fd < 0) throw Error(tmp + ": cannot create: " + errno_text());
+    try {
+      uint8_t len[8];
+      for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
+      write_all(fd.fd, len, 8, tmp);
+      write_all(fd.fd, text.data(), text.size(), tmp);
+      for (const auto& [name, t] : order) write_all(fd.fd, t.raw(), t.nbytes(), tmp);
+      if (::close(fd.fd) != 0) {
+        fd.fd = -1;
+        throw Error(tmp + ": close failed: " + errno_text());
+      }
+      fd.fd = -1;
+    } catch (...) {
+      ::unlink(tmp.c_str());
+      throw;
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = errno_text();
+    ::unlink(tmp.c_str());
+    throw Error(path + ": cannot rename " + tmp + " into place: " + why);
+  }
+}
+
+}  // namespace moex

@@ -1,0 +1,70 @@
+// Strict JSON: a parser callback tracks the keys of every open object, so a repeated key is caught
+// before nlohmann would overwrite the first value, and a depth counter stops runaway nesting.
+#include "io/strict_json.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include "moex/error.hpp"
+
+namespace moex::io {
+
+nlohmann::json parse_json_strict(const char* data, size_t size, const std::string& label,
+                                 int max_depth) {
+  // One set of seen keys per open object; arrays push nothing because only objects have keys.
+  std::vector<std::set<std::string>> open_objects;
+  auto callback = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    switch (event) {
+      case E::object_start:
+      case E::array_start:
+        // `depth` is the number of containers already open around this one.
+        if (depth >= max_depth)
+          throw InvalidInput(label + ": JSON nested deeper than " + std::to_string(max_depth) +
+                             " levels");
+        if (event == E::object_start) open_objects.emplace_back();
+        break;
+      case E::object_end:
+        if (!open_objects.empty()) open_objects.pop_back();
+        break;
+      case E::key: {
+        const std::string& key = parsed.get_ref<const std::string&>();
+        if (!open_objects.empty() && !open_objects.back().insert(key).second)
+          throw InvalidInput(label + ": duplicate key '" + key + "'");
+        break;
+      }
+      default:
+        break;
+    }
+    return true;
+  };
+  try {
+    return nlohmann::json::parse(data, data + size, callback, /*allow_exceptions=*/true,
+                                 /*ignore_comments=*/false);
+  } catch (const nlohmann::json::exception& e) {
+    // nlohmann's message already carries the byte position ("syntax error while parsing ...").
+    throw InvalidInput(label + ": invalid JSON: " + e.what());
+  }
+}
+
+nlohmann::json read_json_file(const std::string& path, int max_depth) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InvalidInput(path + ": cannot open: " + std::strerror(errno));
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) throw InvalidInput(path + ": read error");
+  const std::string text = buf.str();
+  return parse_json_strict(text.data(), text.size(), path, max_depth);
+}
+
+std::string json_type_name(const nlohmann::json& j) {
+  if (j.is_number_integer() || j.is_number_unsigned()) return "integer";
+  if (j.is_number_float()) return "number";
+  return j.type_name();
+}
+
+}  // namespace moex::io
