@@ -168,9 +168,10 @@ class Experts {
   mutable std::shared_ptr<struct PreparedCache> cache_;
 };
 
-// Float64 reference of the formula above (host tensors; any float dtype in; float64 [T, H] out).
-// It follows the numerics contract (the intermediate is rounded to hidden's dtype) so that every
-// backend can be compared with it at a tolerance derived from dtype and reduction length.
+// Float64 reference of the formula above: the inputs' values (any float dtype, any device) are
+// used exactly and everything after is computed in double, with no intermediate rounding; the
+// result is float64 [T, H] on the host. Backends are compared with it at a tolerance derived from
+// the dtype and the reduction length (moex/check.hpp), which covers the contract's roundings.
 Tensor experts_reference_f64(const ExpertsSpec& spec, const ExpertsWeights& weights,
                              const Tensor& hidden, const Tensor& top_k_index,
                              const Tensor& top_k_weights);

@@ -4,7 +4,12 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <fstream>
 #include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "moex/safetensors.hpp"
 
 namespace moex::test {
 
@@ -68,6 +73,78 @@ Routing random_routing(const ExpertsSpec& s, int64_t T, int64_t k, DType dtype, 
   for (auto& x : w) x = pos(rng);
   r.top_k_weights = Tensor::from_floats(w, {T, cols}, DType::kF32);
   return r;
+}
+
+namespace {
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("cannot open " + path);
+  return nlohmann::json::parse(f);
+}
+
+// Stacks per-expert [rows, cols] matrices (first the `first` names, then the `second` names per
+// expert) into [E, rows_a + rows_b, cols], fp32.
+Tensor stack_experts(const SafetensorsFile& f, const std::string& prefix, int64_t E,
+                     const std::vector<std::string>& parts) {
+  std::vector<float> all;
+  Shape one;
+  int64_t rows = 0;
+  for (int64_t e = 0; e < E; ++e)
+    for (const auto& part : parts) {
+      Tensor t = f.get(prefix + "." + std::to_string(e) + "." + part + ".weight");
+      auto v = t.to_float_vector();
+      all.insert(all.end(), v.begin(), v.end());
+      if (e == 0) rows += t.size(0);
+      one = t.shape();
+    }
+  return Tensor::from_floats(all, {E, rows, one[1]});
+}
+
+}  // namespace
+
+ExpertsFixture load_experts_fixture(const std::string& model) {
+  const std::string dir = data_path("hf-tiny/" + model);
+  auto meta = read_json(dir + "/meta.json");
+  auto config = read_json(dir + "/checkpoint_fp32/config.json");
+  auto f = SafetensorsFile::open(dir + "/checkpoint_fp32/model.safetensors");
+  std::string module = meta["experts_module"];
+  auto flags = meta["experts_flags"];
+  ExpertsFixture fx;
+  ExpertsSpec& s = fx.spec;
+  s.has_gate = flags["has_gate"];
+  s.has_bias = flags["has_bias"];
+  s.is_transposed = flags["is_transposed"];
+  s.is_concatenated = flags["is_concatenated"];
+  s.hidden = config["hidden_size"];
+  if (model == "gpt_oss") {
+    s.act = Activation::kSwigluOai;
+    s.swiglu_limit = config.value("swiglu_limit", 7.0f);
+    s.swiglu_alpha = 1.702f;
+    fx.weights.gate_up = f->get(module + ".gate_up_proj");
+    fx.weights.gate_up_bias = f->get(module + ".gate_up_proj_bias");
+    fx.weights.down = f->get(module + ".down_proj");
+    fx.weights.down_bias = f->get(module + ".down_proj_bias");
+    s.num_experts = fx.weights.gate_up.size(0);
+    s.intermediate = fx.weights.down.size(1);
+    return fx;
+  }
+  s.act = parse_activation(config["hidden_act"].get<std::string>());
+  // Mixtral's hub names: block_sparse_moe.experts.N.{w1 = gate, w3 = up, w2 = down}.
+  std::string prefix = module;
+  std::vector<std::string> gate_up = {"gate_proj", "up_proj"};
+  std::string down = "down_proj";
+  if (!f->contains(prefix + ".0.gate_proj.weight")) {
+    prefix = module.substr(0, module.find(".mlp.")) + ".block_sparse_moe.experts";
+    gate_up = {"w1", "w3"};
+    down = "w2";
+  }
+  int64_t E = 0;
+  while (f->contains(prefix + "." + std::to_string(E) + "." + down + ".weight")) ++E;
+  s.num_experts = E;
+  fx.weights.gate_up = stack_experts(*f, prefix, E, gate_up);
+  fx.weights.down = stack_experts(*f, prefix, E, {down});
+  s.intermediate = fx.weights.down.size(2);
+  return fx;
 }
 
 std::string data_path(const std::string& relative) {

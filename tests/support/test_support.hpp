@@ -38,6 +38,14 @@ Routing random_routing(const ExpertsSpec& spec, int64_t tokens, int64_t top_k, D
 using moex::experts_tolerance;
 using moex::rel_l2_error;
 
+// The first MoE layer's experts of a fixture checkpoint (tests/data/hf-tiny/<model>), read as the
+// hub stores them (per-expert tensors stacked; gpt_oss fused), fp32, with the spec from meta.json.
+struct ExpertsFixture {
+  ExpertsSpec spec;
+  ExpertsWeights weights;
+};
+ExpertsFixture load_experts_fixture(const std::string& model);
+
 // Path of a file in tests/data (the fixtures copied into the project).
 std::string data_path(const std::string& relative);
 

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""moex's experts backends and transformers' (eager, batched_mm, grouped_mm; compiled and not)
+side by side on the same GPU, in the same run.
+
+Runs `moex bench experts --device cuda --json` (moex's own harness: it checks each backend against
+the float64 reference before timing, measures the ceilings and prints the floor of each row) and
+then times transformers' experts module of the same shape with the same kind of routing
+(uniform top-k, distinct experts, softmax weights) through triton.testing.do_bench (median,
+L2 flushed before each run, as moex's timer does). Prints one markdown table per shape: every
+time, the floor (from moex's bench: max(bytes of the experts hit + activations / measured
+bandwidth, flops / measured peak)), moex's best fraction of the floor, and moex's speedup over
+transformers' best. Usage (on the GPU machine):
+
+  python3 bench/side_by_side.py --moex build-cuda/moex --shapes all --tokens 1,4,16,64,256,1024,4096,16384
+
+transformers' experts modules are all the same gated-SiLU function of (E, k, H, I) for these three
+shapes; the script instantiates Qwen2MoeExperts with each shape's sizes.
+"""
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+
+SHAPES = {
+    "qwen1.5-moe-a2.7b": (60, 4, 2048, 1408),
+    "deepseek-v3": (256, 8, 7168, 2048),
+    "mixtral-8x7b": (8, 2, 4096, 14336),
+}
+
+
+def run_moex(binary, shape, tokens, graph, env_extra=None):
+    cmd = [binary, "bench", "experts", "--device", "cuda", "--shape", shape, "--dtype", "bfloat16",
+           "--tokens", ",".join(str(t) for t in tokens), "--graph", graph, "--json",
+           "--backends", "batched_mm,grouped_mm"]
+    print("#", " ".join(cmd), flush=True)
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    rows = []
+    for line in p.stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            rows.append(json.loads(line))
+    if p.returncode != 0:
+        print("# moex bench failed (rc=%d): %s" % (p.returncode, p.stderr.strip()[-2000:]), flush=True)
+    print("# moex bench %s took %.1f s" % (shape, time.time() - t0), flush=True)
+    return rows
+
+
+def make_hf_experts(E, H, I, torch):
+    from transformers.models.qwen2_moe.configuration_qwen2_moe import Qwen2MoeConfig
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeExperts
+    cfg = Qwen2MoeConfig(hidden_size=H, moe_intermediate_size=I, num_experts=E,
+                         num_experts_per_tok=1, hidden_act="silu")
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            ex = Qwen2MoeExperts(cfg)
+    finally:
+        torch.set_default_dtype(prev)
+    with torch.no_grad():
+        for name, p in ex.named_parameters():
+            fan_in = p.shape[-1]
+            p.normal_(0.0, 1.0 / math.sqrt(fan_in))
+    return ex.eval(), cfg
+
+
+def set_impl(cfg, name):
+    try:
+        cfg._experts_implementation = name
+    except Exception:
+        cfg._experts_implementation_internal = name
+
+
+def time_hf(torch, do_bench, ex, cfg, impl, compiled, hidden, idx, w):
+    set_impl(cfg, impl)
+    fn = ex.forward
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(ex.forward, mode="max-autotune-no-cudagraphs" if impl == "grouped_mm" else None,
+                           dynamic=False)
+    with torch.no_grad():
+        out = fn(hidden, idx, w)  # compile / warm up
+        torch.cuda.synchronize()
+        ms = do_bench(lambda: fn(hidden, idx, w), warmup=10, rep=60, return_mode="median")
+    return ms, out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--moex", default="build-cuda/moex")
+    ap.add_argument("--shapes", default="all")
+    ap.add_argument("--tokens", default="1,4,16,64,256,1024,4096,16384")
+    ap.add_argument("--compile", default="yes", choices=["yes", "no"])
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--json-out", default="")
+    args = ap.parse_args()
+    shapes = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
+    tokens = [int(t) for t in args.tokens.split(",")]
+
+    import torch
+    from triton.testing import do_bench
+    import transformers
+    gpu = torch.cuda.get_device_name(0)
+    print("# %s UTC, %s, torch %s, transformers %s" % (time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+          gpu, torch.__version__, transformers.__version__), flush=True)
+    all_rows = []
+    for shape in shapes:
+        E, k, H, I = SHAPES[shape]
+        moex_rows = run_moex(args.moex, shape, tokens, "both")
+        hf = {}
+        if not args.skip_hf:
+            ex, cfg = make_hf_experts(E, H, I, torch)
+            expert_bytes = 3 * H * I * 2
+            for T in tokens:
+                g = torch.Generator(device="cuda").manual_seed(1000 + T)
+                hidden = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=g)
+                scores = torch.rand(T, E, device="cuda", generator=g)
+                top = scores.topk(k, dim=-1)
+                idx = top.indices
+                w = torch.softmax(top.values, dim=-1).to(torch.float32)
+                for impl in ["eager", "batched_mm", "grouped_mm"]:
+                    # batched_mm copies the selected experts' weights per (token, slot).
+                    if impl == "batched_mm" and T * k * expert_bytes > 40e9:
+                        continue
+                    for compiled in ([False, True] if args.compile == "yes" else [False]):
+                        if compiled and impl == "eager":
+                            continue  # eager's data-dependent loop graph-breaks; compile adds nothing
+                        key = impl + (" compiled" if compiled else "")
+                        try:
+                            ms, _ = time_hf(torch, do_bench, ex, cfg, impl, compiled, hidden, idx, w)
+                            hf[(T, key)] = ms
+                            print("# hf %s T=%d %s: %.4f ms" % (shape, T, key, ms), flush=True)
+                        except Exception as e:  # OOM or a compile failure: report, keep going
+                            print("# hf %s T=%d %s failed: %s" % (shape, T, key, str(e)[:200]), flush=True)
+                            torch.cuda.empty_cache()
+            del ex
+            torch.cuda.empty_cache()
+        # One table per shape.
+        print("\n### %s (E=%d, k=%d, H=%d, I=%d), bf16\n" % (shape, E, k, H, I))
+        print("| T | floor ms | moex batched_mm | moex batched_mm graph | moex grouped_mm | moex grouped_mm graph "
+              "| moex best / floor | transformers best | its ms | speedup |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for T in tokens:
+            mr = {(r["backend"], r["graph"]): r for r in moex_rows if r["tokens"] == T}
+            if not mr:
+                print("| %d | (moex bench gave no row) |" % T)
+                continue
+            floor = next(iter(mr.values()))["floor_ms"]
+            cells = []
+            for key in [("batched_mm", False), ("batched_mm", True), ("grouped_mm", False), ("grouped_mm", True)]:
+                cells.append("%.4f" % mr[key]["ms"] if key in mr else "-")
+            best = min(r["ms"] for r in mr.values())
+            hf_t = {kk: v for (t, kk), v in hf.items() if t == T}
+            if hf_t:
+                hk = min(hf_t, key=hf_t.get)
+                hms = hf_t[hk]
+                sp = "%.2fx" % (hms / best)
+            else:
+                hk, hms, sp = "-", float("nan"), "-"
+            print("| %d | %.4f | %s | %.0f%% | %s | %.4f | %s |" % (
+                T, floor, " | ".join(cells), 100 * floor / best, hk, hms, sp))
+            all_rows.append({"shape": shape, "tokens": T, "floor_ms": floor, "moex": {
+                "%s%s" % (b, " graph" if g else ""): r["ms"] for (b, g), r in mr.items()},
+                "hf": hf_t})
+        sys.stdout.flush()
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(all_rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+// Ops: the top tier of the CUDA experts code. Validated problem in (raw pointers and sizes, see
+// ExpertsArgs), configuration chosen by pure functions of the shape, launchers called in order.
+//
+//   batched_mm: route_per_pair -> gate_up GEMM (one tile per pair: the pair's expert rows are
+//               streamed from the weight tensor, nothing is copied) -> down GEMM -> combine
+//   grouped_mm: route_by_expert -> grouped gate_up GEMM (gather fused in the A loads, activation
+//               fused in the epilogue) -> grouped down GEMM -> combine
+//   eager:      route_by_expert, then a host loop over the experts that received tokens (it reads
+//               the per-expert offsets back, so it synchronises): gather, dense gate_up,
+//               activation, dense down; then combine. It is the readable reference path.
+// All three write the same per-pair rows y[pos, :] (fp32) and share the deterministic combine, so
+// they agree bit for bit on the sum order; they differ only in how the products run.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "cuda/launchers.hpp"
+
+namespace moex::cuda {
+
+struct ExpertsArgs {
+  Elem elem = Elem::kBF16;
+  int64_t tokens = 0;
+  int top_k = 0;
+  int experts = 0, hidden = 0, intermediate = 0;
+  bool gated = true, has_bias = false, transposed = false, concatenated = true;
+  int act = 0;
+  float limit = 7.f, alpha = 1.702f;
+  const void* hidden_states = nullptr;  // [T, H]
+  const void* top_k_index = nullptr;    // [T, k] int32 / int64
+  bool index_i64 = true;
+  const void* top_k_weights = nullptr;  // [T, k] or [T, E]
+  int weights_code = 0;                 // FloatCode of top_k_weights
+  bool weights_per_expert = false;
+  const void* gate_up = nullptr;
+  const void* down = nullptr;
+  const void* gate_up_bias = nullptr;
+  const void* down_bias = nullptr;
+  void* out = nullptr;                  // [T, H]
+};
+
+enum class Algo { kEager, kBatched, kGrouped };
+const char* algo_name(Algo a);
+
+// Tile rows of grouped_mm: a pure function of (P, E, dtype, layout). 16-row tiles while experts
+// average few rows each (memory-bound: weights dominate), 128-row tiles once they are large.
+// Falls back to the SIMT kernel's tile where the tensor-core kernel does not apply.
+int grouped_tile_rows(const ExpertsArgs& a);
+// Whether the tensor-core kernel serves both GEMMs of this problem (else the SIMT kernel does).
+bool uses_tensor_cores(const ExpertsArgs& a);
+// One line describing the plan, for logs and the bench ("grouped_mm: mma tile 16, ...").
+std::string describe_plan(const ExpertsArgs& a, Algo algo);
+
+size_t workspace_bytes(const ExpertsArgs& a, Algo algo);
+// Runs the experts function; `workspace` holds workspace_bytes(a, algo) bytes of device memory.
+// batched and grouped never synchronise nor allocate (graph-capturable); eager synchronises.
+void run_experts(const ExpertsArgs& a, Algo algo, void* workspace, cudaStream_t stream);
+
+}  // namespace moex::cuda

@@ -1,0 +1,8 @@
+// bf16 instantiations of the tensor-core grouped GEMM (see grouped_gemm_mma_impl.cuh).
+#include "cuda/grouped_gemm_mma_impl.cuh"
+
+namespace moex::cuda {
+void launch_grouped_gemm_mma_bf16(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {
+  launch_grouped_gemm_mma_typed<__nv_bfloat16>(a, tile_rows, stream);
+}
+}  // namespace moex::cuda

@@ -1,0 +1,170 @@
+// Launchers of the routing, elementwise and SIMT GEMM kernels, and the element-type dispatch of
+// the tensor-core GEMM (its instantiations live in grouped_gemm_mma_{bf16,f16}.cu).
+#include <algorithm>
+
+#include "cuda/elementwise.cuh"
+#include "cuda/grouped_gemm_simt.cuh"
+#include "cuda/launchers.hpp"
+#include "cuda/routing.cuh"
+#include "cuda/runtime.hpp"
+
+namespace moex::cuda {
+
+void launch_grouped_gemm_mma_bf16(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream);
+void launch_grouped_gemm_mma_f16(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream);
+
+size_t elem_size(Elem e) { return e == Elem::kF32 ? 4 : 2; }
+
+// Runs f(T{}) with T the element type: the one run-time -> compile-time switch on Elem.
+template <class F>
+void dispatch_elem(Elem e, F&& f) {
+  switch (e) {
+    case Elem::kF32: f(float{}); break;
+    case Elem::kF16: f(__half{}); break;
+    case Elem::kBF16: f(__nv_bfloat16{}); break;
+  }
+}
+
+// ---------------------------------------------------------------- routing
+
+int64_t route_max_tiles(int64_t pairs, int64_t experts, int tile_rows) {
+  // sum_e ceil(c_e / r) <= floor(P / r) + (number of non-empty experts), and <= P.
+  return std::max<int64_t>(1, std::min<int64_t>(pairs, pairs / tile_rows + std::min(experts, pairs)));
+}
+
+void launch_route_by_expert(const void* idx, bool index_i64, int64_t pairs, int experts,
+                            int tile_rows, int* offsets, int* sorted_pair, int* pos_of_pair,
+                            Tile* tiles, int max_tiles, int* num_tiles, cudaStream_t stream) {
+  size_t smem = size_t(2) * experts * sizeof(int);
+  if (index_i64) {
+    auto k = route_by_expert_kernel<int64_t>;
+    if (smem > 48 * 1024)
+      MOEX_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    k<<<1, kRouteThreads, smem, stream>>>(static_cast<const int64_t*>(idx), pairs, experts,
+                                          tile_rows, offsets, sorted_pair, pos_of_pair, tiles,
+                                          max_tiles, num_tiles);
+  } else {
+    auto k = route_by_expert_kernel<int32_t>;
+    if (smem > 48 * 1024)
+      MOEX_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    k<<<1, kRouteThreads, smem, stream>>>(static_cast<const int32_t*>(idx), pairs, experts,
+                                          tile_rows, offsets, sorted_pair, pos_of_pair, tiles,
+                                          max_tiles, num_tiles);
+  }
+  MOEX_CUDA_CHECK_LAUNCH(route_by_expert_kernel);
+}
+
+void launch_route_per_pair(const void* idx, bool index_i64, int64_t pairs, int experts,
+                           int* sorted_pair, int* pos_of_pair, Tile* tiles, int* num_tiles,
+                           cudaStream_t stream) {
+  unsigned blocks = unsigned(std::max<int64_t>(1, (pairs + 255) / 256));
+  if (index_i64)
+    route_per_pair_kernel<int64_t><<<blocks, 256, 0, stream>>>(
+        static_cast<const int64_t*>(idx), pairs, experts, sorted_pair, pos_of_pair, tiles, num_tiles);
+  else
+    route_per_pair_kernel<int32_t><<<blocks, 256, 0, stream>>>(
+        static_cast<const int32_t*>(idx), pairs, experts, sorted_pair, pos_of_pair, tiles, num_tiles);
+  MOEX_CUDA_CHECK_LAUNCH(route_per_pair_kernel);
+}
+
+// ---------------------------------------------------------------- grouped GEMMs
+
+bool grouped_gemm_mma_supported(const GroupedGemmArgs& a) {
+  if (a.elem == Elem::kF32) return false;
+  if (a.K % 8 != 0 || a.N % 8 != 0) return false;
+  // Transposed + interleaved: a 16-byte chunk of a row would mix gate and up columns.
+  if (a.kind == GemmKind::kGateUp && a.gated && a.transposed && !a.concatenated) return false;
+  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  if (!aligned(a.a) || !aligned(a.w)) return false;
+  if ((a.w_expert_stride * 2) % 16 != 0 || (a.ldw * 2) % 16 != 0) return false;
+  return true;
+}
+
+void launch_grouped_gemm_mma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {
+  if (a.max_tiles <= 0) return;
+  if (a.elem == Elem::kBF16) launch_grouped_gemm_mma_bf16(a, tile_rows, stream);
+  else launch_grouped_gemm_mma_f16(a, tile_rows, stream);
+}
+
+template <class T, GemmKind kKind, int kGroups>
+void launch_simt_layout(const GroupedGemmArgs& a, cudaStream_t stream) {
+  dim3 grid(unsigned(a.max_tiles), unsigned((a.N + kSimtBN - 1) / kSimtBN));
+  dim3 block(16, 16);
+  if (a.transposed)
+    grouped_gemm_simt_kernel<T, kKind, kGroups, true><<<grid, block, 0, stream>>>(to_params(a));
+  else
+    grouped_gemm_simt_kernel<T, kKind, kGroups, false><<<grid, block, 0, stream>>>(to_params(a));
+  MOEX_CUDA_CHECK_LAUNCH(grouped_gemm_simt_kernel);
+}
+
+void launch_grouped_gemm_simt(const GroupedGemmArgs& a, cudaStream_t stream) {
+  if (a.max_tiles <= 0) return;
+  dispatch_elem(a.elem, [&](auto t) {
+    using T = decltype(t);
+    if (a.kind == GemmKind::kDown) launch_simt_layout<T, GemmKind::kDown, 1>(a, stream);
+    else if (a.gated) launch_simt_layout<T, GemmKind::kGateUp, 2>(a, stream);
+    else launch_simt_layout<T, GemmKind::kGateUp, 1>(a, stream);
+  });
+}
+
+// ---------------------------------------------------------------- elementwise
+
+void launch_combine(const float* y, const int* pos_of_pair, const void* idx, bool index_i64,
+                    const void* weights, int weights_code, bool per_expert, int64_t tokens,
+                    int top_k, int experts, int hidden, Elem elem, void* out,
+                    cudaStream_t stream) {
+  if (tokens <= 0) return;
+  dim3 grid(unsigned(tokens), unsigned((hidden + 255) / 256));
+  dispatch_elem(elem, [&](auto t) {
+    using T = decltype(t);
+    if (index_i64)
+      combine_kernel<T, int64_t><<<grid, 256, 0, stream>>>(
+          y, pos_of_pair, static_cast<const int64_t*>(idx), weights, weights_code, per_expert,
+          top_k, experts, hidden, static_cast<T*>(out));
+    else
+      combine_kernel<T, int32_t><<<grid, 256, 0, stream>>>(
+          y, pos_of_pair, static_cast<const int32_t*>(idx), weights, weights_code, per_expert,
+          top_k, experts, hidden, static_cast<T*>(out));
+  });
+  MOEX_CUDA_CHECK_LAUNCH(combine_kernel);
+}
+
+void launch_gather(const void* src, const int* sorted_pair, int top_k, int64_t rows, int cols,
+                   Elem elem, void* dst, cudaStream_t stream) {
+  if (rows <= 0) return;
+  dim3 grid(unsigned(rows), unsigned(std::min(32, (cols + 255) / 256)));
+  dispatch_elem(elem, [&](auto t) {
+    using T = decltype(t);
+    gather_kernel<T><<<grid, 256, 0, stream>>>(static_cast<const T*>(src), sorted_pair, top_k,
+                                               cols, static_cast<T*>(dst));
+  });
+  MOEX_CUDA_CHECK_LAUNCH(gather_kernel);
+}
+
+void launch_activation(const float* gu, int64_t rows, int I, bool gated, bool concatenated,
+                       int act, float limit, float alpha, Elem elem, void* h,
+                       cudaStream_t stream) {
+  if (rows <= 0) return;
+  dim3 grid(unsigned(rows), unsigned(std::min(32, (I + 255) / 256)));
+  dispatch_elem(elem, [&](auto t) {
+    using T = decltype(t);
+    activation_kernel<T><<<grid, 256, 0, stream>>>(gu, I, gated, concatenated,
+                                                   ActParams{act, limit, alpha}, static_cast<T*>(h));
+  });
+  MOEX_CUDA_CHECK_LAUNCH(activation_kernel);
+}
+
+void launch_dense_linear(const void* a, int64_t m, int k, const void* w, int64_t sn, int64_t sk,
+                         const void* bias, int n, Elem elem, float* c, cudaStream_t stream) {
+  if (m <= 0) return;
+  dim3 grid(unsigned((n + kDenseTile - 1) / kDenseTile), unsigned((m + kDenseTile - 1) / kDenseTile));
+  dispatch_elem(elem, [&](auto t) {
+    using T = decltype(t);
+    dense_linear_kernel<T><<<grid, dim3(16, 16), 0, stream>>>(
+        static_cast<const T*>(a), m, k, static_cast<const T*>(w), sn, sk,
+        static_cast<const T*>(bias), n, c);
+  });
+  MOEX_CUDA_CHECK_LAUNCH(dense_linear_kernel);
+}
+
+}  // namespace moex::cuda

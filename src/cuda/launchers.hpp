@@ -1,0 +1,98 @@
+// Launchers: the middle tier. Each takes pointers, sizes, strides and a stream, launches one kernel
+// of the same name (kernels live in the *.cuh files) and throws DeviceError on a launch failure.
+// No launcher reads device memory on the host or synchronises: sizes that depend on the routing
+// (tokens per expert, number of tiles) stay on the device and kernels read them there, so every
+// launcher here may be captured in a CUDA graph and replayed with new routing.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace moex::cuda {
+
+// Element type of hidden / weights / intermediate (the activation dtype).
+enum class Elem : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+size_t elem_size(Elem e);
+
+// A tile of the grouped GEMMs: `rows` consecutive sorted positions starting at `row_start`, all
+// routed to `expert`. rows == 0 marks an unused slot.
+struct Tile {
+  int expert;
+  int row_start;
+  int rows;
+  int pad;
+};
+
+// ---- routing ----
+// Groups the P = T*k (token, slot) pairs by expert, in one single-block launch (small routing
+// problems are launch-bound; one block keeps counting, scan and scatter in shared memory):
+//   offsets[E+1]   exclusive prefix sum of tokens per expert (offsets[E] = valid pairs)
+//   sorted_pair[P] pair index at each sorted position (positions >= offsets[E] unused)
+//   pos_of_pair[P] sorted position of each pair, -1 for a sentinel (id >= E or id < 0)
+//   tiles[max_tiles], num_tiles[1]: the tiles of `tile_rows` rows each expert's group splits into
+// max_tiles must be >= route_max_tiles(P, E, tile_rows).
+int64_t route_max_tiles(int64_t pairs, int64_t experts, int tile_rows);
+void launch_route_by_expert(const void* top_k_index, bool index_i64, int64_t pairs, int experts,
+                            int tile_rows, int* offsets, int* sorted_pair, int* pos_of_pair,
+                            Tile* tiles, int max_tiles, int* num_tiles, cudaStream_t stream);
+// batched_mm's routing: no grouping; pair p is its own tile {id, p, 1} at sorted position p.
+void launch_route_per_pair(const void* top_k_index, bool index_i64, int64_t pairs, int experts,
+                           int* sorted_pair, int* pos_of_pair, Tile* tiles, int* num_tiles,
+                           cudaStream_t stream);
+
+// ---- grouped GEMMs ----
+// kind kGateUp: A row r = hidden[sorted_pair[r] / top_k], B = gate_up rows of the tile's expert;
+//   the epilogue adds gate_up_bias, applies the activation (gate/up paired through the layout
+//   flags) and stores the intermediate h[r, :I] rounded to the element type.
+// kind kDown: A row r = h[r], B = down rows; the epilogue adds down_bias and stores y[r, :H] fp32.
+enum class GemmKind : int { kGateUp = 0, kDown = 1 };
+struct GroupedGemmArgs {
+  GemmKind kind = GemmKind::kGateUp;
+  Elem elem = Elem::kBF16;
+  const void* a = nullptr;   // hidden [T, K] (kGateUp) or h [P, K] (kDown)
+  const int* sorted_pair = nullptr;
+  int top_k = 1;
+  const Tile* tiles = nullptr;
+  const int* num_tiles = nullptr;
+  int max_tiles = 0;
+  const void* w = nullptr;   // [E, N_rows, K] or transposed [E, K, N_rows]
+  int64_t w_expert_stride = 0;
+  bool transposed = false;
+  int64_t ldw = 0;           // row length of one expert's matrix: K, or N_rows when transposed
+  const void* bias = nullptr;  // [E, N_rows] or null
+  int64_t bias_expert_stride = 0;
+  int K = 0;                 // reduction length (H for kGateUp, I for kDown)
+  int N = 0;                 // output columns (I for kGateUp, H for kDown)
+  bool gated = true, concatenated = true;  // kGateUp only
+  int act = 0;
+  float limit = 7.f, alpha = 1.702f;
+  void* out = nullptr;       // h [P, I] of elem (kGateUp) or y [P, H] float (kDown)
+};
+// Tensor-core path: mma.sync m16n8k16 with a cp.async pipeline (bf16 / f16; K, N multiples of 8;
+// 16-byte aligned pointers; not transposed+interleaved). tile_rows picks the configuration.
+bool grouped_gemm_mma_supported(const GroupedGemmArgs& a);
+void launch_grouped_gemm_mma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream);
+// Any element type and layout, plain fp32 FMA (no tf32): the fallback and the fp32 path.
+constexpr int kSimtTileRows = 32;
+void launch_grouped_gemm_simt(const GroupedGemmArgs& a, cudaStream_t stream);
+
+// ---- elementwise ----
+// out[t, :] = round( sum_{j<k, pos_of_pair[t*k+j] >= 0} w(t, j) * y[pos_of_pair[t*k+j], :] ),
+// summed in fp32 in slot order; w(t, j) = weights[t, j], or weights[t, id] when per_expert.
+void launch_combine(const float* y, const int* pos_of_pair, const void* top_k_index,
+                    bool index_i64, const void* weights, int weights_code, bool per_expert,
+                    int64_t tokens, int top_k, int experts, int hidden, Elem elem, void* out,
+                    cudaStream_t stream);
+// dst[r, :] = src[sorted_pair[r] / top_k, :] for r < rows.
+void launch_gather(const void* src, const int* sorted_pair, int top_k, int64_t rows, int cols,
+                   Elem elem, void* dst, cudaStream_t stream);
+// h[r, i] = act(gate, up) of the fp32 gate_up product gu [rows, R] (R = 2I gated, I ungated).
+void launch_activation(const float* gu, int64_t rows, int I, bool gated, bool concatenated,
+                       int act, float limit, float alpha, Elem elem, void* h, cudaStream_t stream);
+// Eager's dense product: c[m, n] = sum_k a[m, k] * W(n, k) + bias[n] (fp32 out), where
+// W(n, k) = w[n * sn + k * sk].
+void launch_dense_linear(const void* a, int64_t m, int k, const void* w, int64_t sn, int64_t sk,
+                         const void* bias, int n, Elem elem, float* c, cudaStream_t stream);
+
+}  // namespace moex::cuda

@@ -1,0 +1,115 @@
+// Routing kernels: group the (token, slot) pairs by expert on the device.
+//
+// One block does everything (count, prefix sums, scatter, tiles) in shared memory: for the
+// routing sizes of one MoE layer (P = T*k up to ~10^5 pairs, E up to a few thousand experts) a
+// single launch of 1024 threads costs a few microseconds, and it avoids the launch latency and
+// global-memory round trips of separate count / scan / scatter kernels, which dominate at small T.
+// The order of pairs inside one expert's group is not deterministic (shared-memory atomics), and
+// need not be: each sorted row is computed independently and the combine sums in slot order.
+#pragma once
+
+#include <cub/block/block_scan.cuh>
+
+#include "cuda/common.cuh"
+#include "cuda/launchers.hpp"
+
+namespace moex::cuda {
+
+constexpr int kRouteThreads = 1024;
+
+template <class Index>
+__device__ __forceinline__ int load_expert(const Index* idx, int64_t p, int experts) {
+  int64_t id = int64_t(idx[p]);
+  // Negative ids cannot be rejected on the device without a host sync; treat them as sentinels.
+  return (id >= 0 && id < experts) ? int(id) : -1;
+}
+
+template <class Index>
+__global__ void __launch_bounds__(kRouteThreads)
+    route_by_expert_kernel(const Index* __restrict__ idx, int64_t pairs, int experts,
+                           int tile_rows, int* __restrict__ offsets,
+                           int* __restrict__ sorted_pair, int* __restrict__ pos_of_pair,
+                           Tile* __restrict__ tiles, int max_tiles, int* __restrict__ num_tiles) {
+  extern __shared__ int smem[];
+  int* cursor = smem;             // [E]: counts, then running write positions
+  int* tile_first = smem + experts;  // [E]: first tile of each expert
+  using Scan = cub::BlockScan<int, kRouteThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  __shared__ int carry[2];
+  const int tid = threadIdx.x;
+
+  for (int e = tid; e < experts; e += kRouteThreads) cursor[e] = 0;
+  __syncthreads();
+  for (int64_t p = tid; p < pairs; p += kRouteThreads) {
+    int e = load_expert(idx, p, experts);
+    if (e >= 0) atomicAdd(&cursor[e], 1);
+  }
+  __syncthreads();
+
+  // Exclusive scans of counts and of tiles per expert, in chunks of kRouteThreads experts.
+  if (tid == 0) carry[0] = carry[1] = 0;
+  __syncthreads();
+  for (int base = 0; base < experts; base += kRouteThreads) {
+    int e = base + tid;
+    int c = e < experts ? cursor[e] : 0;
+    int nt = (c + tile_rows - 1) / tile_rows;
+    int c_ex, nt_ex, c_tot, nt_tot;
+    Scan(scan_tmp).ExclusiveSum(c, c_ex, c_tot);
+    __syncthreads();
+    Scan(scan_tmp).ExclusiveSum(nt, nt_ex, nt_tot);
+    int c0 = carry[0], t0 = carry[1];
+    __syncthreads();
+    if (e < experts) {
+      offsets[e] = c0 + c_ex;
+      cursor[e] = c0 + c_ex;
+      tile_first[e] = t0 + nt_ex;
+    }
+    if (tid == 0) {
+      carry[0] = c0 + c_tot;
+      carry[1] = t0 + nt_tot;
+    }
+    __syncthreads();
+  }
+  if (tid == 0) {
+    offsets[experts] = carry[0];
+    *num_tiles = min(carry[1], max_tiles);
+  }
+
+  __syncthreads();
+  // Each expert's tile list, from its start and its count (count = next start - start).
+  for (int e = tid; e < experts; e += kRouteThreads) {
+    int start = cursor[e];
+    int t = tile_first[e];
+    // cursor[e+1] may belong to another thread but was written before the last barrier.
+    int count_e = (e + 1 < experts ? cursor[e + 1] : carry[0]) - start;
+    for (int r = 0; r < count_e && t < max_tiles; r += tile_rows, ++t)
+      tiles[t] = Tile{e, start + r, min(tile_rows, count_e - r), 0};
+  }
+  __syncthreads();
+
+  for (int64_t p = tid; p < pairs; p += kRouteThreads) {
+    int e = load_expert(idx, p, experts);
+    int pos = -1;
+    if (e >= 0) {
+      pos = atomicAdd(&cursor[e], 1);
+      sorted_pair[pos] = int(p);
+    }
+    pos_of_pair[p] = pos;
+  }
+}
+
+template <class Index>
+__global__ void route_per_pair_kernel(const Index* __restrict__ idx, int64_t pairs, int experts,
+                                      int* __restrict__ sorted_pair,
+                                      int* __restrict__ pos_of_pair, Tile* __restrict__ tiles,
+                                      int* __restrict__ num_tiles) {
+  int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (p == 0) *num_tiles = int(pairs);
+  if (p >= pairs) return;
+  int e = load_expert(idx, p, experts);
+  sorted_pair[p] = int(p);
+  pos_of_pair[p] = e >= 0 ? int(p) : -1;
+  tiles[p] = Tile{e < 0 ? 0 : e, int(p), e >= 0 ? 1 : 0, 0};
+}
+
+}  // namespace moex::cuda

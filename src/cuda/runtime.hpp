@@ -1,0 +1,105 @@
+// CUDA foundation: the one error check, device properties read at run time, a caching allocator,
+// the current stream, and the timing / ceiling helpers the benchmarks use.
+//
+// Design notes.
+// - Every CUDA runtime / cuBLAS call goes through MOEX_CUDA_CHECK / MOEX_CUBLAS_CHECK, which throw
+//   moex::DeviceError naming the call, file:line and the current device. Library code never aborts.
+// - The caching allocator keeps freed blocks per (device, size class) and never returns memory to
+//   the driver while a process runs (empty_cache() does, outside graph capture), so a forward pass
+//   performs no cudaMalloc/cudaFree once warm and never synchronises the host. Blocks are reused in
+//   stream order on the single current stream of a device, which makes reuse safe without events.
+// - The current stream is per thread and per device (default: a non-blocking stream created on first
+//   use), so work can be captured into a CUDA graph (the legacy default stream cannot be captured).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "moex/device.hpp"
+#include "moex/dtype.hpp"
+#include "moex/error.hpp"
+#include "moex/tensor.hpp"
+
+namespace moex::cuda {
+
+// Throws DeviceError "cudaMemcpyAsync(...) failed at file.cu:42 on cuda:0: invalid argument".
+[[noreturn]] void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line);
+[[noreturn]] void throw_cublas_error(int status, const char* call, const char* file, int line);
+
+#define MOEX_CUDA_CHECK(call)                                                          \
+  do {                                                                                 \
+    cudaError_t moex_err_ = (call);                                                    \
+    if (moex_err_ != cudaSuccess)                                                      \
+      ::moex::cuda::throw_cuda_error(moex_err_, #call, __FILE__, __LINE__);            \
+  } while (0)
+// After a kernel launch: reports launch-configuration errors without synchronising.
+#define MOEX_CUDA_CHECK_LAUNCH(name) MOEX_CUDA_CHECK(cudaPeekAtLastError())
+#define MOEX_CUBLAS_CHECK(call)                                                        \
+  do {                                                                                 \
+    int moex_st_ = int(call);                                                          \
+    if (moex_st_ != 0) ::moex::cuda::throw_cublas_error(moex_st_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+// ---- devices ----
+int device_count();  // 0 when there is no GPU or no driver; never throws
+struct DeviceInfo {
+  std::string name;
+  int major = 0, minor = 0;
+  int sm_count = 0;
+  size_t l2_bytes = 0;
+  size_t smem_per_block_optin = 0;  // dynamic shared memory a block may opt in to
+  size_t total_mem = 0;
+};
+const DeviceInfo& device_info(int device);  // read once per device with cudaGetDeviceProperties
+int current_device();
+// RAII: makes `device` current for the scope (only calls cudaSetDevice when it differs).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_;
+};
+
+// ---- streams ----
+cudaStream_t current_stream();           // of the current device, this thread
+void set_current_stream(cudaStream_t s);  // for the current device, this thread (nullptr: default)
+void synchronize();                       // the current stream
+
+// ---- memory ----
+// Caching allocator: 256-byte aligned device memory; the release returns the block to the cache.
+std::shared_ptr<Storage> alloc_storage(size_t bytes, int device);
+// Raw form for workspaces: returns a block of at least `bytes`; give it back with cache_free.
+void* cache_alloc(size_t bytes, int device, size_t* capacity = nullptr);
+void cache_free(void* p, int device);
+void empty_cache();  // returns cached blocks to the driver (not while a stream is capturing)
+struct AllocatorStats {
+  size_t cuda_mallocs = 0;   // cudaMalloc calls so far (a warm forward adds none)
+  size_t bytes_reserved = 0;
+};
+AllocatorStats allocator_stats();
+
+// Copies between any two devices (host <-> CUDA, CUDA <-> CUDA) and waits for completion.
+void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
+
+// ---- timing and ceilings ----
+// Median milliseconds of `iters` event-timed runs of fn on the current stream after `warmup`
+// untimed runs. With use_graph, fn is captured once into a CUDA graph and its replays are timed.
+// The L2 cache is flushed (a 256 MiB memset, untimed) before every timed run, as
+// triton.testing.do_bench does, so that weights are read from HBM as in a real model.
+double time_ms(const std::function<void()>& fn, bool use_graph, int warmup, int iters);
+
+struct Ceilings {
+  double bandwidth_gbs = 0;  // device-to-device copy, bytes read + written per second / 1e9
+  double peak_tflops = 0;    // cuBLAS GEMM 8192^3 in the dtype (fp32: plain fp32, no tf32)
+};
+Ceilings measure_ceilings(DType dtype);
+
+}  // namespace moex::cuda

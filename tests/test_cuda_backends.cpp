@@ -1,0 +1,275 @@
+// The CUDA experts backends against the float64 reference (same harness as the CPU backends):
+// all layout flags, activations, T = 0/1/7/64/1000, routing cases (duplicates, empty experts,
+// sentinels), [T,k] and [T,E] weights, int32/int64 ids, bf16/f16/f32, ugly sizes (H = 19, 111;
+// I = 13: the SIMT path) and tile-friendly sizes (the tensor-core path, both tile configs), plus
+// CUDA-graph capture and replay with new routing, the allocator and the error check.
+// fp32 runs on fp32 CUDA-core FMA (no tf32), so the fp32 tolerance is float32's.
+// Every test skips cleanly where no GPU exists (CI).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "moex/experts.hpp"
+#include "support/test_support.hpp"
+
+#ifndef MOEX_WITH_CUDA
+
+// A CPU-only build has no CUDA runtime to link against: one test that says so.
+TEST(CudaBackends, SkippedInCpuOnlyBuild) { GTEST_SKIP() << "built without CUDA (MOEX_CUDA=OFF)"; }
+
+#else
+
+#include "cuda/backends.hpp"
+#include "cuda/runtime.hpp"
+
+using namespace moex;
+using namespace moex::test;
+
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (moex::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+struct Layout {
+  bool gate, bias, transposed, concat;
+};
+std::vector<Layout> all_layouts() {
+  std::vector<Layout> v;
+  for (bool bias : {false, true})
+    for (bool tr : {false, true}) {
+      v.push_back({true, bias, tr, true});
+      v.push_back({true, bias, tr, false});
+      v.push_back({false, bias, tr, true});
+    }
+  return v;
+}
+
+ExpertsSpec make_spec(const Layout& l, int64_t E, int64_t H, int64_t I, Activation act) {
+  ExpertsSpec s;
+  s.num_experts = E;
+  s.hidden = H;
+  s.intermediate = I;
+  s.has_gate = l.gate;
+  s.has_bias = l.bias;
+  s.is_transposed = l.transposed;
+  s.is_concatenated = l.concat;
+  s.act = act;
+  s.swiglu_limit = 1.5f;  // small enough that the clamps are exercised
+  return s;
+}
+
+Tensor on_gpu(const Tensor& t) { return t.defined() ? t.to(Device::cuda()) : t; }
+ExpertsWeights weights_on_gpu(const ExpertsWeights& w) {
+  ExpertsWeights g;
+  g.gate_up = on_gpu(w.gate_up);
+  g.down = on_gpu(w.down);
+  g.gate_up_bias = on_gpu(w.gate_up_bias);
+  g.down_bias = on_gpu(w.down_bias);
+  return g;
+}
+
+void check_case(const std::string& backend, const ExpertsSpec& s, DType dt, int64_t T, int64_t k,
+                RoutingCase rc, uint64_t seed, bool per_expert = false,
+                DType idx_dt = DType::kI64) {
+  ExpertsWeights w = random_experts_weights(s, dt, seed);
+  Routing r = random_routing(s, T, k, dt, seed, rc, per_expert, idx_dt);
+  Tensor ref = experts_reference_f64(s, w, r.hidden, r.top_k_index, r.top_k_weights);
+  Tensor out = experts_forward(backend, s, weights_on_gpu(w), on_gpu(r.hidden),
+                               on_gpu(r.top_k_index), on_gpu(r.top_k_weights));
+  ASSERT_TRUE(out.device().is_cuda());
+  ASSERT_EQ(out.shape(), (Shape{T, s.hidden}));
+  ASSERT_EQ(out.dtype(), dt);
+  double err = rel_l2_error(out.to(Device::cpu()), ref);
+  double tol = experts_tolerance(dt, std::max(s.hidden, s.intermediate));
+  EXPECT_LE(err, tol) << "backend=" << backend << " spec=" << s.str() << " dtype="
+                      << dtype_name(dt) << " T=" << T << " k=" << k
+                      << " routing=" << routing_case_name(rc) << " per_expert=" << per_expert
+                      << " seed=" << seed;
+}
+
+class CudaConsistency : public ::testing::TestWithParam<std::string> {};
+
+// Ugly sizes: K and N are not multiples of 8, so every dtype takes the SIMT kernel.
+TEST_P(CudaConsistency, AllLayoutsUglySizes) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 11000;
+  for (const Layout& l : all_layouts())
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+      for (int64_t T : {0, 1, 7, 64, 1000}) {
+        ExpertsSpec s = make_spec(l, 9, T == 1000 ? 19 : 111, 13, Activation::kSilu);
+        check_case(GetParam(), s, dt, T, 3, RoutingCase::kRandom, ++seed);
+      }
+}
+
+// Tile-friendly sizes: bf16/f16 take the tensor-core kernel (16-row tiles at small T, 128-row
+// tiles at T = 1000 with few experts), except transposed + interleaved (SIMT).
+TEST_P(CudaConsistency, AllLayoutsTensorCoreSizes) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 12000;
+  for (const Layout& l : all_layouts())
+    for (DType dt : {DType::kBF16, DType::kF16, DType::kF32})
+      for (int64_t T : {1, 7, 64, 1000}) {
+        ExpertsSpec s = make_spec(l, T == 1000 ? 3 : 9, 136, 72, Activation::kSilu);
+        check_case(GetParam(), s, dt, T, 2, RoutingCase::kRandom, ++seed);
+      }
+}
+
+TEST_P(CudaConsistency, RoutingCases) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 13000;
+  for (RoutingCase rc : {RoutingCase::kRandom, RoutingCase::kEveryExpert,
+                         RoutingCase::kEmptyExperts, RoutingCase::kDuplicates,
+                         RoutingCase::kSentinels})
+    for (int64_t T : {1, 7, 64, 1000})
+      for (int64_t H : {111, 128}) {
+        ExpertsSpec s = make_spec({true, false, false, true}, 11, H, H == 128 ? 64 : 13,
+                                  Activation::kSilu);
+        check_case(GetParam(), s, DType::kF32, T, 4, rc, ++seed);
+        check_case(GetParam(), s, DType::kBF16, T, 4, rc, ++seed, /*per_expert=*/true);
+        check_case(GetParam(), s, DType::kF16, T, 4, rc, ++seed, false, DType::kI32);
+      }
+}
+
+TEST_P(CudaConsistency, Activations) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 14000;
+  for (Activation a : {Activation::kSilu, Activation::kGelu, Activation::kGeluTanh,
+                       Activation::kRelu, Activation::kSwigluOai})
+    for (const Layout& l : all_layouts()) {
+      if (a == Activation::kSwigluOai && !l.gate) continue;
+      check_case(GetParam(), make_spec(l, 5, 19, 13, a), DType::kF32, 7, 2,
+                 RoutingCase::kRandom, ++seed);
+      check_case(GetParam(), make_spec(l, 5, 64, 40, a), DType::kBF16, 33, 2,
+                 RoutingCase::kRandom, ++seed);
+    }
+}
+
+// A wrong kernel must fail the same check: perturb one weight of the backend's input only.
+TEST_P(CudaConsistency, HarnessDetectsAPerturbedWeight) {
+  SKIP_WITHOUT_GPU();
+  ExpertsSpec s = make_spec({true, false, false, true}, 4, 64, 32, Activation::kSilu);
+  ExpertsWeights w = random_experts_weights(s, DType::kBF16, 15001);
+  Routing r = random_routing(s, 16, 2, DType::kBF16, 15001, RoutingCase::kEveryExpert);
+  Tensor ref = experts_reference_f64(s, w, r.hidden, r.top_k_index, r.top_k_weights);
+  ExpertsWeights bad = w;
+  bad.down = Tensor::from_floats([&] {
+    auto v = w.down.to_float_vector();
+    v[7] += 0.5f;
+    return v;
+  }(), w.down.shape(), DType::kBF16);
+  Tensor out = experts_forward(GetParam(), s, weights_on_gpu(bad), on_gpu(r.hidden),
+                               on_gpu(r.top_k_index), on_gpu(r.top_k_weights));
+  EXPECT_GT(rel_l2_error(out.to(Device::cpu()), ref), experts_tolerance(DType::kBF16, 64));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaConsistency,
+                         ::testing::Values("eager", "batched_mm", "grouped_mm"),
+                         [](const auto& info) { return info.param; });
+
+// ---- graph capture: replay with new routing written into the same device tensors ----
+
+void copy_into(const Tensor& dst, const Tensor& host_src) {
+  ASSERT_EQ(dst.nbytes(), host_src.nbytes());
+  moex::cuda::copy_bytes(dst.raw(), dst.device(), host_src.raw(), Device::cpu(), dst.nbytes());
+}
+
+class CudaGraph : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(CudaGraph, ReplaysWithNewRouting) {
+  SKIP_WITHOUT_GPU();
+  const auto& [backend, variant] = GetParam();
+  // variant 0: bf16 tensor cores, small T; 1: bf16 large tiles; 2: fp32 SIMT, ugly sizes, bias.
+  DType dt = variant == 2 ? DType::kF32 : DType::kBF16;
+  ExpertsSpec s = variant == 2 ? make_spec({true, true, true, false}, 7, 19, 13, Activation::kGelu)
+                               : make_spec({true, false, false, true}, 8, 128, 64, Activation::kSilu);
+  int64_t T = variant == 1 ? 700 : 9, k = 3;
+  uint64_t seed = 16000 + 10 * variant;
+  ExpertsWeights w = random_experts_weights(s, dt, seed);
+  Experts experts(s, weights_on_gpu(w));
+  Routing r0 = random_routing(s, T, k, dt, seed + 1, RoutingCase::kRandom);
+  Tensor hidden = on_gpu(r0.hidden), idx = on_gpu(r0.top_k_index), tw = on_gpu(r0.top_k_weights);
+  (void)experts.forward(backend, hidden, idx, tw);  // warm: workspace and output block cached
+  moex::cuda::synchronize();
+
+  cudaStream_t stream = moex::cuda::current_stream();
+  size_t mallocs_before = moex::cuda::allocator_stats().cuda_mallocs;
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  Tensor out = experts.forward(backend, hidden, idx, tw);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  EXPECT_EQ(moex::cuda::allocator_stats().cuda_mallocs, mallocs_before)
+      << "a warm forward allocated device memory";
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+
+  for (int round = 0; round < 3; ++round) {
+    RoutingCase rc = round == 0 ? RoutingCase::kRandom
+                                : (round == 1 ? RoutingCase::kSentinels : RoutingCase::kDuplicates);
+    Routing r = random_routing(s, T, k, dt, seed + 2 + round, rc);
+    copy_into(hidden, r.hidden);
+    copy_into(idx, r.top_k_index);
+    copy_into(tw, r.top_k_weights);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    moex::cuda::synchronize();
+    Tensor ref = experts_reference_f64(s, w, r.hidden, r.top_k_index, r.top_k_weights);
+    double err = rel_l2_error(out.to(Device::cpu()), ref);
+    EXPECT_LE(err, experts_tolerance(dt, std::max(s.hidden, s.intermediate)))
+        << backend << " variant " << variant << " replay " << round << " routing "
+        << routing_case_name(rc) << " seed " << seed;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaGraph,
+                         ::testing::Combine(::testing::Values("batched_mm", "grouped_mm"),
+                                            ::testing::Values(0, 1, 2)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+TEST(CudaRuntime, CapsAndRegistry) {
+  for (auto b : {moex::cuda::make_eager_backend(), moex::cuda::make_batched_mm_backend(),
+                 moex::cuda::make_grouped_mm_backend()}) {
+    BackendCaps c = b->caps();
+    ASSERT_EQ(c.devices.size(), 1u);
+    EXPECT_EQ(c.devices[0], DeviceKind::kCUDA);
+    EXPECT_EQ(c.dtypes.size(), 3u);
+  }
+  EXPECT_FALSE(moex::cuda::make_eager_backend()->caps().graph_capturable);
+  EXPECT_TRUE(moex::cuda::make_batched_mm_backend()->caps().graph_capturable);
+  EXPECT_TRUE(moex::cuda::make_grouped_mm_backend()->caps().graph_capturable);
+}
+
+TEST(CudaRuntime, ErrorCheckNamesCallFileAndDevice) {
+  SKIP_WITHOUT_GPU();
+  try {
+    MOEX_CUDA_CHECK(cudaMemcpy(nullptr, reinterpret_cast<void*>(16), 64, cudaMemcpyDeviceToDevice));
+    FAIL() << "no error thrown";
+  } catch (const DeviceError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("cudaMemcpy"), std::string::npos) << m;
+    EXPECT_NE(m.find("test_cuda_backends.cpp:"), std::string::npos) << m;
+    EXPECT_NE(m.find("cuda:"), std::string::npos) << m;
+  }
+}
+
+TEST(CudaRuntime, AllocatorReusesBlocks) {
+  SKIP_WITHOUT_GPU();
+  void* p = nullptr;
+  {
+    Tensor t = Tensor::empty({1000, 1000}, DType::kF32, Device::cuda());
+    p = t.raw();
+  }
+  size_t before = moex::cuda::allocator_stats().cuda_mallocs;
+  Tensor t2 = Tensor::empty({1000, 999}, DType::kF32, Device::cuda());
+  EXPECT_EQ(t2.raw(), p);
+  EXPECT_EQ(moex::cuda::allocator_stats().cuda_mallocs, before);
+}
+
+TEST(CudaRuntime, DeviceCountNeverThrows) { EXPECT_GE(moex::cuda::device_count(), 0); }
+
+}  // namespace
+
+#endif  // MOEX_WITH_CUDA
