@@ -1,9 +1,13 @@
-// `grouped_mm` on CPU: sort (token, slot) pairs by expert, run each expert's tokens as one
-// matrix product (weights read once per expert, not once per token), un-permute by writing each
-// result to its pair's row, then combine. Experts are distributed over threads dynamically.
+// `grouped_mm` on CPU: sort (token, slot) pairs by expert, run each expert's tokens as one matrix
+// product on weights packed once at prepare time, fuse gate/up with the activation, un-permute by
+// writing each result to its pair's row, then combine in slot order. The work runs on the CPU
+// engine (src/cpu/engine.hpp: AMX / AVX512-BF16 / AVX-512 / AVX2 / portable kernels picked at run
+// time, MOEX_CPU_KERNEL forces one). Weights the engine does not pack (float16) run the portable
+// grouped loop below, with the same numerics.
 #include <vector>
 
 #include "cpu/backends.hpp"
+#include "cpu/engine.hpp"
 #include "cpu/experts_common.hpp"
 
 namespace moex::cpu {
@@ -12,10 +16,30 @@ namespace {
 class GroupedMmCpu final : public ExpertsBackend {
  public:
   BackendCaps caps() const override {
-    return cpu_caps("tokens sorted by expert, one grouped product; the CPU default");
+    return cpu_caps("tokens sorted by expert, one grouped product on pre-packed weights "
+                    "(AMX/AVX-512/AVX2 engine); the CPU default");
+  }
+
+  std::unique_ptr<PreparedExperts> prepare(const ExpertsSpec& spec,
+                                           const ExpertsWeights& weights) const override {
+    const DType dt = weights.gate_up.dtype();
+    if (!weights.gate_up.device().host_accessible() ||
+        !cpu_engine_unsupported_reason(spec, dt, dt).empty())
+      return nullptr;
+    return prepare_cpu_experts(spec, weights, selected_kernel_path());
   }
 
   void forward(const ExpertsProblem& p, Tensor& out) const override {
+    if (const auto* packed = dynamic_cast<const PreparedCpuExperts*>(p.prepared)) {
+      run_cpu_experts(*packed, p, out);
+      return;
+    }
+    forward_portable(p, out);
+  }
+
+ private:
+  // Unpacked fallback (float16 weights): experts over threads, strided reads of the weights.
+  static void forward_portable(const ExpertsProblem& p, Tensor& out) {
     const ExpertsSpec& s = *p.spec;
     const int64_t H = s.hidden;
     RoutingView r(p);

@@ -1,0 +1,114 @@
+// The CPU experts engine: launcher and op tiers over the micro-kernels of src/cpu/kernels.
+//
+// Design (measurements in docs/cpu.md):
+// - Weights are packed once, at prepare time, into 16-column panels (kernels.hpp) in the order
+//   the fused epilogue wants: for gated experts every 32-column block is [16 gate columns | the
+//   16 up columns of the same intermediate indices], whatever the checkpoint layout (concatenated
+//   or interleaved, [N, K] or transposed [K, N]). So gate, up and the activation fuse into one
+//   pass that writes the activated intermediate, already rounded to the activation dtype.
+// - One kernel path is chosen at run time from cpuid (and, for AMX, the Linux permission to use
+//   tile data): amx > avx512bf16 > avx512 > avx2 > portable. MOEX_CPU_KERNEL=<name> forces a
+//   path (read when experts are prepared); an explicit path argument does the same for tests.
+//   fp32 weights never use the bf16 units: amx / avx512bf16 run fp32 with the avx512 kernel.
+// - grouped: tokens are sorted by expert (counting sort, stable: deterministic), each expert's
+//   rows are one GEMM, in panels of <= 256 rows that stay in L2; the work of a phase is the list
+//   of (panel, 32-column block) units, handed out by guided self-scheduling (large contiguous
+//   ranges first: long sequential weight streams; small ones at the end: no tail idling; a
+//   thread that loses its core to another process does not hold back half the phase).
+//   Few rows (decode) use the vector kernel, which streams weights with software prefetch;
+//   larger row counts use AMX tiles, which prefetch the next unit's weights into L2.
+// - Contributions of the k slots of a token land in a per-slot fp32 buffer and are summed in slot
+//   order j = 0..k-1 at the end, so results do not depend on threads or grouping.
+// - Scratch lives in a per-calling-thread workspace that only grows: no allocation per call once
+//   the largest shape has been seen.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "cpu/kernels/kernels.hpp"
+#include "moex/experts.hpp"
+
+namespace moex::cpu {
+
+enum class KernelPath : uint8_t { kPortable, kAvx2, kAvx512, kAvx512Bf16, kAmx };
+constexpr KernelPath kAllKernelPaths[] = {KernelPath::kPortable, KernelPath::kAvx2,
+                                          KernelPath::kAvx512, KernelPath::kAvx512Bf16,
+                                          KernelPath::kAmx};
+
+std::string_view kernel_path_name(KernelPath p);  // "amx", "avx512bf16", "avx512", "avx2", "portable"
+// Throws InvalidInput listing the valid names.
+KernelPath parse_kernel_path(std::string_view name);
+// Whether this CPU (and OS, for AMX) runs the path.
+bool kernel_path_supported(KernelPath p);
+KernelPath best_kernel_path();
+// MOEX_CPU_KERNEL when set (throws Unsupported when this machine cannot run it), else the best.
+KernelPath selected_kernel_path();
+// Name of selected_kernel_path() (what `moex bench experts --device cpu` reports).
+std::string_view kernel_path_name();
+
+// The kernels a path runs for one weight dtype (kBF16 or kF32).
+struct KernelSet {
+  KernelPath path = KernelPath::kPortable;  // as requested
+  DType dtype = DType::kF32;
+  kernels::GemmFn small = nullptr;  // row chunks of at most small_max_rows rows
+  kernels::GemmFn large = nullptr;  // longer row chunks
+  int small_max_rows = 0;
+  kernels::GatedRowFn gated_silu = nullptr;  // vectorized SiLU epilogue, null: scalar
+  std::string_view name;            // e.g. "amx+avx512bf16", "avx512"
+};
+KernelSet kernel_set(KernelPath path, DType weight_dtype);
+
+// E matrices of logical shape [N, K] (y = x W^T), packed as kernels.hpp describes: n_pad is a
+// multiple of 32, k_pad of 32 (bf16) or K (fp32); padding is zero.
+struct PackedMatrices {
+  DType dtype = DType::kF32;
+  int64_t n_pad = 0, k_pad = 0;
+  int64_t panel_stride = 0;   // elements: k_pad * 16
+  int64_t expert_stride = 0;  // elements: n_pad * k_pad
+  int64_t experts = 0;
+  std::shared_ptr<void> data;  // 64-byte aligned
+  size_t bytes() const { return size_t(experts) * size_t(expert_stride) * elem(); }
+  size_t elem() const { return dtype == DType::kBF16 ? 2 : 4; }
+  // First of the two panels of 32-column block `block` of expert e.
+  const void* block(int64_t e, int64_t block) const {
+    return static_cast<const char*>(data.get()) +
+           (size_t(e) * expert_stride + size_t(block) * 2 * panel_stride) * elem();
+  }
+};
+
+class PreparedCpuExperts : public PreparedExperts {
+ public:
+  ExpertsSpec spec;
+  KernelSet kernels;
+  PackedMatrices gate_up;   // gated: N = 2 * i_cols in [gate16 | up16] blocks; else N = i_cols
+  PackedMatrices down;      // N = H (padded), K = I (padded)
+  std::vector<float> gate_up_bias;  // [E, gate_up.n_pad] in packed column order (has_bias)
+  std::vector<float> down_bias;     // [E, down.n_pad]
+  int64_t i_cols = 0;       // intermediate columns the gate_up epilogue writes (>= I, padded)
+  int64_t h_ld = 0;         // row stride of the intermediate buffer: max(i_cols, down.k_pad)
+};
+
+// Packs the weights for `path` (bf16 or fp32 weights). Throws Unsupported for other dtypes or
+// quantized weights, and when the machine cannot run `path`.
+std::unique_ptr<PreparedCpuExperts> prepare_cpu_experts(const ExpertsSpec& spec,
+                                                        const ExpertsWeights& weights,
+                                                        KernelPath path);
+// Empty when run_cpu_experts serves (spec, activation dtype, weight dtype); else the reason.
+std::string cpu_engine_unsupported_reason(const ExpertsSpec& spec, DType act, DType weight);
+
+// The grouped computation (see the file comment). `problem` is validated by the caller; hidden
+// must have the weights' dtype; out is [T, H] of hidden's dtype.
+void run_cpu_experts(const PreparedCpuExperts& prepared, const ExpertsProblem& problem,
+                     Tensor& out);
+
+// ---- ceilings for `moex bench experts --device cpu` (ceilings.cpp) ----
+// Read bandwidth of a buffer far larger than the last-level cache, all OpenMP threads, GB/s
+// (1e9 bytes per second); best of a few passes.
+double measure_dram_read_gbs();
+// Peak of the selected kernel family for weights of `dtype` (kBF16: AMX tiles / VDPBF16PS /
+// widened FMA; kF32: FMA), register-resident, all OpenMP threads, GFLOP/s.
+double measure_kernel_peak_gflops(DType dtype);
+
+}  // namespace moex::cpu

@@ -1,0 +1,382 @@
+// The grouped experts computation of the CPU engine (design notes in engine.hpp):
+// route (counting sort by expert) -> gather rows -> gate_up GEMM + bias + activation (fused
+// epilogue, intermediate rounded to the activation dtype) -> down GEMM + bias, times the routing
+// weight, into per-slot fp32 rows -> combine each token's slots in order j = 0..k-1.
+// One OpenMP region per call; phases are separated by barriers, and each phase's work is cut
+// into contiguous, equal-cost per-thread ranges by a pure function of the routing (so the split
+// is deterministic and the result does not depend on it anyway).
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/activation.hpp"
+#include "cpu/engine.hpp"
+
+namespace moex::cpu {
+namespace {
+
+// A grow-only, 64-byte aligned buffer: a workspace reaches the largest size it has been asked for
+// and then never allocates again.
+class GrowBuffer {
+ public:
+  ~GrowBuffer() { release(); }
+  void* get(size_t bytes) {
+    if (bytes > cap_) {
+      release();
+      cap_ = std::max(bytes, cap_ + cap_ / 2);
+      ptr_ = ::operator new(cap_, std::align_val_t(64));
+      // Rows past the last one may be read by whole-tile loads (kernels.hpp); keep them finite.
+      std::memset(ptr_, 0, cap_);
+    }
+    return ptr_;
+  }
+
+ private:
+  void release() {
+    if (ptr_) ::operator delete(ptr_, std::align_val_t(64));
+    ptr_ = nullptr;
+    cap_ = 0;
+  }
+  void* ptr_ = nullptr;
+  size_t cap_ = 0;
+};
+
+struct Workspace {
+  GrowBuffer xa, hb, ybuf, row_slot, row_weight, experts, panels;
+};
+// One per calling thread: a backend instance serves every layer and thread concurrently.
+thread_local Workspace t_ws;
+
+// A panel of at most kPanelRows consecutive rows of one expert: the unit of row blocking. A
+// thread walks the column blocks of one panel in a row, so the panel's activations (<= 256 rows
+// x K: 1 MiB at K = 2048 bf16) stay in the 2 MiB L2 while the weights stream past; each weight
+// block is read from DRAM ceil(m / 256) times (128 rows read Qwen's experts 3x at T = 4096,
+// measured 390 vs 1000+ GFLOP/s).
+struct ActiveExpert {
+  int32_t e;
+  int32_t rows;
+  int64_t row0;  // first row in the gathered buffers
+};
+constexpr int64_t kPanelRows = 256;
+// Padding of activation rows: a row stride that is a multiple of 4 KiB maps the rows of a
+// register block onto one L1 set (thrashing); one extra cache line per row spreads them.
+constexpr int64_t kRowPadBytes = 64;
+
+// Guided self-scheduling of [0, total): each grab takes a contiguous range of about
+// remaining / (2 * threads) items (at least min_grain), so ranges start large (long sequential
+// weight streams) and shrink towards the end (no thread idles at the tail). Dynamic rather than
+// a precomputed split because the 2-core target is shared: a thread that loses its core for a
+// time slice must not hold back half of the phase. The result does not depend on the split.
+class WorkQueue {
+ public:
+  void reset(int64_t total, int64_t min_grain, int threads) {
+    next_.store(0, std::memory_order_relaxed);
+    total_ = total;
+    min_grain_ = std::max<int64_t>(1, min_grain);
+    threads_ = threads;
+  }
+  bool grab(int64_t* begin, int64_t* end) {
+    int64_t cur = next_.load(std::memory_order_relaxed);
+    for (;;) {
+      if (cur >= total_) return false;
+      const int64_t g = std::max(min_grain_, (total_ - cur) / (2 * threads_));
+      const int64_t to = std::min(total_, cur + g);
+      if (next_.compare_exchange_weak(cur, to, std::memory_order_relaxed)) {
+        *begin = cur;
+        *end = to;
+        return true;
+      }
+    }
+  }
+
+ private:
+  std::atomic<int64_t> next_{0};
+  int64_t total_ = 0, min_grain_ = 1;
+  int threads_ = 1;
+};
+
+template <class T>
+inline void store_as(T* dst, float v) {
+  if constexpr (sizeof(T) == 2) *dst = float_to_bf16(v);
+  else *dst = v;
+}
+
+struct CallContext {
+  const PreparedCpuExperts* p;
+  const ActiveExpert* act;
+  int64_t n_act;
+  const int32_t* row_slot;
+  const float* row_weight;
+  void* xa;      // gathered hidden rows [rows + slack, xa_ld]
+  int64_t xa_ld;
+  void* hb;      // activated intermediate [rows + slack, h_ld]
+  int64_t h_ld;
+  float* ybuf;   // [T*k, H]
+};
+
+// Scratch for one kernel call's fp32 results (32 x 32).
+constexpr int64_t kUnitScratchFloats = kernels::kMaxRows * kernels::kBlockCols;
+
+// Runs the GEMM of one unit (a panel of an expert's rows x one 32-column block) in row chunks and
+// hands each fp32 chunk to `epilogue(c, rows, first_row)`. `next_b` (may be null) is the weight
+// block of the following unit, prefetched into L2 in pieces over this unit's kernel calls.
+// (Slicing K so that the weight slice stays in L1 across the row chunks was tried: no measurable
+// gain, docs/cpu.md.)
+template <class Epilogue>
+void run_unit(const KernelSet& ks, const void* a, int64_t lda, size_t elem, const void* b,
+              int64_t panel_stride, int64_t k, const ActiveExpert& ae, float* c,
+              const void* next_b, Epilogue&& epilogue) {
+  const int64_t chunks = (ae.rows + kernels::kMaxRows - 1) / kernels::kMaxRows;
+  const int64_t block_bytes = 2 * panel_stride * int64_t(elem);
+  const int64_t piece = (block_bytes / chunks + 63) / 64 * 64;
+  for (int64_t r0 = 0, ci = 0; r0 < ae.rows; r0 += kernels::kMaxRows, ++ci) {
+    const int m = int(std::min<int64_t>(kernels::kMaxRows, ae.rows - r0));
+    kernels::GemmArgs g;
+    g.a = static_cast<const char*>(a) + size_t(ae.row0 + r0) * size_t(lda) * elem;
+    g.lda = lda;
+    g.b = b;
+    g.panel_stride = panel_stride;
+    g.k = k;
+    g.m = m;
+    g.c = c;
+    g.ldc = kernels::kBlockCols;
+    if (next_b && ci * piece < block_bytes) {
+      g.prefetch = static_cast<const char*>(next_b) + ci * piece;
+      g.prefetch_bytes = std::min(piece, block_bytes - ci * piece);
+    }
+    (m <= ks.small_max_rows ? ks.small : ks.large)(g);
+    epilogue(c, m, ae.row0 + r0);
+  }
+}
+
+template <class T>
+void gate_up_phase(const CallContext& cx, WorkQueue& q, float* c) {
+  const PreparedCpuExperts& p = *cx.p;
+  const ExpertsSpec& s = p.spec;
+  const PackedMatrices& W = p.gate_up;
+  const int64_t blocks = W.n_pad / kernels::kBlockCols, I = s.intermediate;
+  T* h = static_cast<T*>(cx.hb);
+  const kernels::GatedRowFn silu_vec = s.act == Activation::kSilu ? p.kernels.gated_silu : nullptr;
+  int64_t u0, u1;
+  while (q.grab(&u0, &u1))
+  for (int64_t u = u0; u < u1; ++u) {
+    const ActiveExpert& ae = cx.act[u / blocks];
+    const int64_t blk = u % blocks;
+    const float* bias = s.has_bias ? p.gate_up_bias.data() + ae.e * W.n_pad + blk * kernels::kBlockCols
+                                   : nullptr;
+    const bool last = blk == blocks - 1;
+    const void* next = u + 1 < u1 ? W.block(cx.act[(u + 1) / blocks].e, (u + 1) % blocks) : nullptr;
+    run_unit(p.kernels, cx.xa, cx.xa_ld, sizeof(T), W.block(ae.e, blk), W.panel_stride, W.k_pad,
+             ae, c, next, [&](const float* cc, int m, int64_t row) {
+      for (int r = 0; r < m; ++r) {
+        const float* cr = cc + r * kernels::kBlockCols;
+        T* hr = h + (row + r) * cx.h_ld;
+        if (s.has_gate && silu_vec) {
+          alignas(64) float v[kernels::kPanelCols];
+          silu_vec(cr, bias, v);
+          const int64_t c0 = blk * kernels::kPanelCols;
+          for (int i = 0; i < kernels::kPanelCols; ++i) store_as(hr + c0 + i, c0 + i < I ? v[i] : 0.f);
+        } else if (s.has_gate) {
+          // [16 gate | 16 up] of intermediate columns blk*16 .. blk*16+15
+          for (int i = 0; i < kernels::kPanelCols; ++i) {
+            const int64_t col = blk * kernels::kPanelCols + i;
+            float g = cr[i], up = cr[kernels::kPanelCols + i];
+            if (bias) {
+              g += bias[i];
+              up += bias[kernels::kPanelCols + i];
+            }
+            float v = 0.f;
+            if (col < I) {
+              if (s.act == Activation::kSwigluOai) {
+                const float lim = s.swiglu_limit;
+                g = std::min(g, lim);
+                up = std::max(-lim, std::min(up, lim));
+                v = (up + 1.f) * (g / (1.f + std::exp(-s.swiglu_alpha * g)));
+              } else {
+                v = detail::activation_scalar<float>(s.act, g) * up;
+              }
+            }
+            store_as(hr + col, v);
+          }
+        } else {
+          for (int i = 0; i < kernels::kBlockCols; ++i) {
+            const int64_t col = blk * kernels::kBlockCols + i;
+            const float x = cr[i] + (bias ? bias[i] : 0.f);
+            store_as(hr + col, col < I ? detail::activation_scalar<float>(s.act, x) : 0.f);
+          }
+        }
+        // K padding of the down projection beyond the written columns must read as zero.
+        if (last)
+          for (int64_t col = p.i_cols; col < cx.h_ld; ++col) store_as(hr + col, 0.f);
+      }
+    });
+  }
+}
+
+template <class T>
+void down_phase(const CallContext& cx, WorkQueue& q, float* c) {
+  const PreparedCpuExperts& p = *cx.p;
+  const PackedMatrices& W = p.down;
+  const int64_t H = p.spec.hidden, blocks = W.n_pad / kernels::kBlockCols;
+  int64_t u0, u1;
+  while (q.grab(&u0, &u1))
+  for (int64_t u = u0; u < u1; ++u) {
+    const ActiveExpert& ae = cx.act[u / blocks];
+    const int64_t blk = u % blocks, n0 = blk * kernels::kBlockCols;
+    const int ncols = int(std::min<int64_t>(kernels::kBlockCols, H - n0));
+    const float* bias = p.spec.has_bias ? p.down_bias.data() + ae.e * W.n_pad + n0 : nullptr;
+    const void* next = u + 1 < u1 ? W.block(cx.act[(u + 1) / blocks].e, (u + 1) % blocks) : nullptr;
+    run_unit(p.kernels, cx.hb, cx.h_ld, sizeof(T), W.block(ae.e, blk), W.panel_stride, W.k_pad,
+             ae, c, next, [&](const float* cc, int m, int64_t row) {
+      for (int r = 0; r < m; ++r) {
+        const float* cr = cc + r * kernels::kBlockCols;
+        const float w = cx.row_weight[row + r];
+        float* y = cx.ybuf + int64_t(cx.row_slot[row + r]) * H + n0;
+        if (bias) {
+          for (int i = 0; i < ncols; ++i) y[i] = w * (cr[i] + bias[i]);
+        } else {
+          for (int i = 0; i < ncols; ++i) y[i] = w * cr[i];
+        }
+      }
+    });
+  }
+}
+
+float load_weight(const void* w, DType dt, int64_t i) {
+  switch (dt) {
+    case DType::kBF16: return bf16_to_float(static_cast<const uint16_t*>(w)[i]);
+    case DType::kF16: return f16_to_float(static_cast<const uint16_t*>(w)[i]);
+    default: return static_cast<const float*>(w)[i];
+  }
+}
+
+template <class T>
+void run_typed(const PreparedCpuExperts& p, const ExpertsProblem& pr, Tensor& out) {
+  const ExpertsSpec& s = p.spec;
+  const int64_t T_ = pr.tokens(), k = pr.top_k(), E = s.num_experts, H = s.hidden;
+  if (T_ == 0) return;
+  const int64_t* idx64 = pr.top_k_index.dtype() == DType::kI64 ? pr.top_k_index.data<int64_t>() : nullptr;
+  const int32_t* idx32 = idx64 ? nullptr : pr.top_k_index.data<int32_t>();
+  auto id_of = [&](int64_t slot) { return idx64 ? idx64[slot] : int64_t(idx32[slot]); };
+  Workspace& ws = t_ws;
+
+  // ---- route: stable counting sort of the slots by expert (sentinels dropped) ----
+  auto* fill = static_cast<int64_t*>(ws.experts.get(sizeof(int64_t) * size_t(E + 1)));
+  ActiveExpert* act = nullptr;
+  std::fill(fill, fill + E + 1, 0);
+  const int64_t slots = T_ * k;
+  for (int64_t sl = 0; sl < slots; ++sl)
+    if (int64_t e = id_of(sl); e < E) ++fill[e];
+  int64_t n_act = 0, rows = 0;
+  for (int64_t e = 0; e < E; ++e) rows += fill[e];
+  // Panels: whole 32-row multiples except the last of each expert, so at most rows / 32 + E.
+  act = static_cast<ActiveExpert*>(ws.panels.get(sizeof(ActiveExpert) *
+                                                 size_t(rows / 32 + E + 1)));
+  rows = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t m = fill[e];
+    // Balanced panels (rounded to whole 32-row tiles): 273 rows -> 160 + 113, not 256 + 17,
+    // whose 17-row panel would re-stream every weight block for almost no work.
+    const int64_t n_panels = std::max<int64_t>(1, (m + kPanelRows - 1) / kPanelRows);
+    const int64_t per = std::min(kPanelRows, ((m + n_panels - 1) / n_panels + 31) / 32 * 32);
+    for (int64_t r = 0; r < m; r += per)
+      act[n_act++] = ActiveExpert{int32_t(e), int32_t(std::min(per, m - r)), rows + r};
+    fill[e] = rows;
+    rows += m;
+  }
+  auto* row_slot = static_cast<int32_t*>(ws.row_slot.get(sizeof(int32_t) * size_t(rows + 1)));
+  auto* row_weight = static_cast<float*>(ws.row_weight.get(sizeof(float) * size_t(rows + 1)));
+  for (int64_t sl = 0; sl < slots; ++sl) {
+    const int64_t e = id_of(sl);
+    if (e >= E) continue;
+    const int64_t r = fill[e]++;
+    row_slot[r] = int32_t(sl);
+    const int64_t wi = pr.weights_per_expert ? (sl / k) * E + e : sl;
+    row_weight[r] = load_weight(pr.top_k_weights.raw(), pr.top_k_weights.dtype(), wi);
+  }
+
+  CallContext cx;
+  cx.p = &p;
+  cx.act = act;
+  cx.n_act = n_act;
+  cx.row_slot = row_slot;
+  cx.row_weight = row_weight;
+  cx.xa_ld = p.gate_up.k_pad + kRowPadBytes / int64_t(sizeof(T));
+  const size_t slack_rows = size_t(rows + kernels::kRowSlack);
+  cx.xa = ws.xa.get(slack_rows * size_t(cx.xa_ld) * sizeof(T));
+  cx.h_ld = p.h_ld + kRowPadBytes / int64_t(sizeof(T));
+  cx.hb = ws.hb.get(slack_rows * size_t(cx.h_ld) * sizeof(T));
+  cx.ybuf = static_cast<float*>(ws.ybuf.get(sizeof(float) * size_t(slots * H)));
+  const T* hidden = pr.hidden.data<T>();
+  T* o = out.data<T>();
+  // MOEX_CPU_PROFILE=1 prints the time of each phase (kernel lab use; off by default).
+  static const bool profile = std::getenv("MOEX_CPU_PROFILE") != nullptr;
+  double stamp[5] = {omp_get_wtime(), 0, 0, 0, 0};
+
+  const int nt_max = omp_get_max_threads();
+  WorkQueue queues[4];
+  queues[0].reset(rows, 64, nt_max);
+  queues[1].reset(n_act * (p.gate_up.n_pad / kernels::kBlockCols), 1, nt_max);
+  queues[2].reset(n_act * (p.down.n_pad / kernels::kBlockCols), 1, nt_max);
+  queues[3].reset(T_, 16, nt_max);
+#pragma omp parallel
+  {
+    const int tid = omp_get_thread_num();
+    alignas(64) float c[kUnitScratchFloats];
+    // gather: row r <- hidden[token of its slot], K padding zeroed
+    int64_t r0, r1;
+    while (queues[0].grab(&r0, &r1)) {
+      T* xa = static_cast<T*>(cx.xa);
+      for (int64_t r = r0; r < r1; ++r) {
+        T* dst = xa + r * cx.xa_ld;
+        std::memcpy(dst, hidden + (row_slot[r] / k) * H, sizeof(T) * size_t(H));
+        std::memset(dst + H, 0, sizeof(T) * size_t(cx.xa_ld - H));
+      }
+    }
+#pragma omp barrier
+    if (tid == 0) stamp[1] = omp_get_wtime();
+    gate_up_phase<T>(cx, queues[1], c);
+#pragma omp barrier
+    if (tid == 0) stamp[2] = omp_get_wtime();
+    down_phase<T>(cx, queues[2], c);
+#pragma omp barrier
+    if (tid == 0) stamp[3] = omp_get_wtime();
+    // combine: a token's valid slots in order j = 0..k-1, fp32, one rounding
+    constexpr int64_t kChunk = 256;
+    int64_t t0, t1;
+    while (queues[3].grab(&t0, &t1))
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t n0 = 0; n0 < H; n0 += kChunk) {
+        const int64_t nc = std::min(kChunk, H - n0);
+        float acc[kChunk];
+        std::fill(acc, acc + nc, 0.f);
+        for (int64_t j = 0; j < k; ++j) {
+          if (id_of(t * k + j) >= E) continue;
+          const float* y = cx.ybuf + (t * k + j) * H + n0;
+          for (int64_t i = 0; i < nc; ++i) acc[i] += y[i];
+        }
+        for (int64_t i = 0; i < nc; ++i) store_as(o + t * H + n0 + i, acc[i]);
+      }
+    }
+  }
+  if (profile) {
+    stamp[4] = omp_get_wtime();
+    std::fprintf(stderr, "[moex cpu] T=%ld rows=%ld panels=%ld ms: gather %.3f gate_up %.3f down %.3f combine %.3f\n",
+                 long(T_), long(rows), long(n_act), 1e3 * (stamp[1] - stamp[0]),
+                 1e3 * (stamp[2] - stamp[1]), 1e3 * (stamp[3] - stamp[2]), 1e3 * (stamp[4] - stamp[3]));
+  }
+}
+
+}  // namespace
+
+void run_cpu_experts(const PreparedCpuExperts& p, const ExpertsProblem& problem, Tensor& out) {
+  if (p.kernels.dtype == DType::kBF16) run_typed<uint16_t>(p, problem, out);
+  else run_typed<float>(p, problem, out);
+}
+
+}  // namespace moex::cpu

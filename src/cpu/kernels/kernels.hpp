@@ -1,0 +1,75 @@
+// CPU matrix micro-kernels of the experts engine: the device-code tier (see engine.hpp for the
+// launcher tier and docs/cpu.md for the measurements behind the choices).
+//
+// Every kernel computes one block C[m, 32] = A[m, K] * B[K, 32] with float32 accumulation, where
+// B is two consecutive 16-column *panels* of a packed weight matrix (packing.hpp):
+//   bf16 weights: "pair" layout [K/2][16][2]: row p of a panel holds, for 16 output columns,
+//                 the two bf16 values W[n][2p], W[n][2p+1]. This is the VNNI layout that both
+//                 AMX TDPBF16PS (a 16 x 32 B tile is 1 KiB of consecutive rows) and AVX512-BF16
+//                 VDPBF16PS (one row = one zmm) consume directly, so one packing serves every
+//                 bf16 path, including the ones that widen to fp32 (avx512, avx2, portable).
+//   fp32 weights: "panel" layout [K][16]: row k holds W[n][k] for 16 columns (one zmm).
+// A is row-major with leading dimension lda (elements) and holds at least K columns; K is padded
+// to the packing's k multiple and the padding of both A and B is zero. Rows past m may be read
+// (the AMX path loads whole 16-row tiles) but never influence rows < m, so A buffers carry a
+// tail of kRowSlack readable rows.
+//
+// Each file compiles its kernels with a function-level target attribute, not a global -m flag,
+// so the library runs on any x86-64 and picks a path at run time (engine.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace moex::cpu::kernels {
+
+constexpr int kPanelCols = 16;     // columns of one packed panel
+constexpr int kBlockCols = 32;     // columns a kernel call produces (two panels)
+constexpr int kBf16KMultiple = 32; // K padding of bf16 packing (one AMX tile row = 32 bf16)
+constexpr int kRowSlack = 32;      // readable rows an A buffer must have past its last row
+
+struct GemmArgs {
+  const void* a = nullptr;  // bf16 (uint16_t) or fp32 rows
+  int64_t lda = 0;          // elements
+  const void* b = nullptr;  // first of two panels
+  int64_t panel_stride = 0; // elements from panel 0 to panel 1
+  int64_t k = 0;            // padded K
+  int m = 0;                // rows, 1..kMaxRows
+  float* c = nullptr;       // m x 32 fp32 output (overwritten)
+  int64_t ldc = 0;          // elements
+  // Optional: bytes the caller will need next (the following weight block), pulled into L2
+  // while this call computes. The AMX kernel uses it; the vector kernels prefetch their own
+  // stream instead.
+  const void* prefetch = nullptr;
+  int64_t prefetch_bytes = 0;
+};
+constexpr int kMaxRows = 32;  // rows one kernel call handles (the caller chunks M)
+
+using GemmFn = void (*)(const GemmArgs&);
+
+// bf16 A x bf16 pair-packed B.
+void gemm_bf16_portable(const GemmArgs& g);
+void gemm_bf16_avx2(const GemmArgs& g);
+void gemm_bf16_avx512(const GemmArgs& g);
+void gemm_bf16_avx512bf16(const GemmArgs& g);
+void gemm_bf16_amx(const GemmArgs& g);
+// fp32 A x fp32 panel-packed B.
+void gemm_f32_portable(const GemmArgs& g);
+void gemm_f32_avx2(const GemmArgs& g);
+void gemm_f32_avx512(const GemmArgs& g);
+
+// Gated SiLU epilogue of one packed row: out[i] = silu(c[i] + b[i]) * (c[16 + i] + b[16 + i]),
+// i < 16; bias may be null (then b = 0).
+using GatedRowFn = void (*)(const float* c, const float* bias, float* out);
+void gated_silu_row_avx512(const float* c, const float* bias, float* out);
+
+// AMX needs the kernel's permission to use tile data (Linux arch_prctl) once per process and a
+// tile configuration per thread; amx_request_permission returns false when either is refused.
+bool amx_request_permission();
+
+// Register-resident peak loops for the ceilings (no memory traffic): returns flops done.
+double peak_loop_amx(int64_t iters);
+double peak_loop_avx512bf16(int64_t iters);
+double peak_loop_avx512_f32(int64_t iters);
+double peak_loop_avx2_f32(int64_t iters);
+
+}  // namespace moex::cpu::kernels
