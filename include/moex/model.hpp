@@ -1,0 +1,193 @@
+// Causal language models with Mixture-of-Experts layers, loaded from Hugging Face checkpoints.
+//
+//   auto lm = moex::from_pretrained("path/to/checkpoint", {.experts_implementation = {{"", "eager"}}});
+//   moex::Tensor logits = lm->logits(input_ids);                // int64 [B, T] -> float32 [B, T, V]
+//   moex::Tensor seq = lm->generate(input_ids, {.max_new_tokens = 12});  // int64 [B, T + N]
+//
+// Experts implementation (the backend that runs the experts of each MoE layer) is a map from a
+// sub-config name to a registered backend name, as in transformers:
+//   {"": <default>, "text_config": ..., "vision_config": ...}     (one entry per sub-config)
+// The "" key is the default for the model AND for every sub-config not named (the documented
+// meaning; transformers 5.17 applies it to the top-level entry only). A plain name sets every entry.
+// The default, when nothing is given, is "grouped_mm" (what transformers 5.17 reports).
+//
+// Numerics: float32 models compute in float32. bfloat16 models keep bf16 weights and round every
+// activation to bf16 where transformers produces a bf16 tensor, while sums accumulate in float32;
+// logits are returned as float32 holding bf16 values.
+//
+// Errors: InvalidInput (bad checkpoint, token id >= vocab, empty prompt, bad SPEC), UnknownName
+// (unknown model_type, backend or sub-config key; the message lists the valid names), Unsupported
+// (a device or backend that cannot serve the model).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "moex/device.hpp"
+#include "moex/dtype.hpp"
+#include "moex/tensor.hpp"
+
+namespace moex {
+
+class Experts;
+namespace model {
+struct KVCache;
+struct Step;
+}  // namespace model
+
+// {"": default backend, "<sub-config>": backend, ...}.
+using ExpertsImplementation = std::map<std::string, std::string>;
+
+// Parses a user SPEC: a backend name ("eager" -> {"": "eager"}) or a JSON object of strings
+// ({"text_config": "grouped_mm", "": "eager"}). Throws InvalidInput on malformed JSON or values
+// that are not strings. Names are checked later, against the model and the registry.
+ExpertsImplementation parse_experts_implementation(const std::string& spec);
+// JSON text of a map, keys sorted ("{\"\": \"eager\", \"text_config\": \"eager\"}" style, compact).
+std::string experts_implementation_json(const ExpertsImplementation& map);
+
+struct LoadOptions {
+  // Weight and activation dtype; nullopt = the checkpoint's config "dtype" / "torch_dtype"
+  // (float32 when absent). float32 and bfloat16 are supported.
+  std::optional<DType> dtype;
+  // cpu: everything on the host. cuda[:i]: the experts weights live on that GPU and the experts
+  // backends run there (activations are copied per MoE layer); the other ops stay on the host.
+  // fake_gpu (tests): host computation, treated as a GPU by the decode-stage policy.
+  Device device = Device::cpu();
+  ExpertsImplementation experts_implementation;  // {} = the default everywhere
+};
+
+// LoadOptions from the strings a user types ("" = the default): dtype "float32" / "bfloat16"
+// (and their aliases), device "cpu" / "cuda" / "cuda:1", experts SPEC as for
+// parse_experts_implementation. Throws InvalidInput naming the bad value.
+LoadOptions make_load_options(const std::string& dtype, const std::string& device,
+                              const std::string& experts_spec);
+
+struct GenerationOptions {
+  int64_t max_new_tokens = 20;
+  bool do_sample = false;   // false: greedy (argmax, lowest id on ties)
+  float temperature = 1.0f; // sampling only; > 0
+  int64_t top_k = 0;        // sampling only; 0 = off
+  float top_p = 1.0f;       // sampling only; in (0, 1]; 1 = off
+  uint64_t seed = 0;        // sampling only
+  // Stop tokens; nullopt = generation_config.json "eos_token_id" (an int or a list), else config.json.
+  std::optional<std::vector<int64_t>> eos_token_ids;
+};
+
+// Timing of the last generate() call (wall clock, seconds).
+struct GenerationStats {
+  int64_t batch = 0;
+  int64_t prompt_tokens = 0;  // per sequence
+  int64_t new_tokens = 0;     // per sequence
+  double prefill_seconds = 0;
+  double decode_seconds = 0;  // every step after the prefill, including the token choice
+};
+
+struct ModelInfo {
+  std::string model_type;        // config "model_type"
+  std::string architecture;      // config "architectures"[0] when present
+  DType dtype = DType::kF32;
+  Device device = Device::cpu();
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_layers = 0;
+  std::vector<int64_t> moe_layers;  // indices of layers whose MLP is a MoE block
+  int64_t num_experts = 0;          // routed experts per MoE layer
+  int64_t experts_per_token = 0;    // k
+  int64_t parameter_count = 0;      // elements of every tensor in the checkpoint
+  std::vector<std::string> sub_configs;  // e.g. {"text_config", "vision_config"}; {} for plain LMs
+};
+
+// A loaded model. Architectures derive from model::DecoderLM (src/model/architecture.hpp).
+class CausalLM {
+ public:
+  virtual ~CausalLM();
+  CausalLM(const CausalLM&) = delete;
+  CausalLM& operator=(const CausalLM&) = delete;
+
+  const ModelInfo& info() const { return info_; }
+
+  // Run-time backend choice, no reload. Validates every name: UnknownName for an unknown key
+  // (lists the valid keys) or backend (lists the registered ones), Unsupported when a backend
+  // cannot serve this model's experts (dtype / device). On error nothing changes.
+  void set_experts_implementation(const std::string& backend);
+  void set_experts_implementation(const ExpertsImplementation& map);
+  ExpertsImplementation get_experts_implementation() const { return impl_; }
+
+  // Full forward over B sequences of T tokens (no padding; a fresh cache). int64 [B, T] ->
+  // float32 [B, T, vocab]. Throws InvalidInput for T == 0 or ids outside [0, vocab).
+  Tensor logits(const Tensor& input_ids);
+
+  // Greedy or sampled continuation of B prompts (int64 [B, T], T >= 1) -> int64 [B, T + n],
+  // n <= max_new_tokens (fewer when every sequence has emitted a stop token; finished sequences
+  // are padded with their stop token). Decode steps run under decode_stage_experts_implementation
+  // (restored afterwards, also when an exception escapes); when a backend of that map cannot
+  // serve the experts (Unsupported), decoding keeps the caller's map.
+  Tensor generate(const Tensor& input_ids, const GenerationOptions& options = {});
+
+  const GenerationStats& last_generation_stats() const { return stats_; }
+
+  // Stop tokens from generation_config.json (else config.json); {} when neither names one.
+  const std::vector<int64_t>& default_eos_token_ids() const { return eos_; }
+
+ protected:
+  CausalLM() = default;
+  // For architectures: the backend currently chosen for experts under `key` ("" or a sub-config).
+  const std::string& experts_backend(const std::string& key = "") const;
+  // Called once by the architecture at load for every experts module it builds, so that a
+  // backend change can be validated against every module it affects.
+  void register_experts_module(const std::string& key, const Experts* experts);
+  // Called last by the architecture's constructor: applies `requested` on top of the defaults.
+  void init_experts_implementation(const ExpertsImplementation& requested);
+
+  // Forward of `tokens` (B rows of step.tokens ids, row-major) at positions step.past.. using
+  // and extending `cache`. Returns float32 logits [B * step.tokens, V], or [B, V] (the last
+  // position of each sequence) when last_only. Ids are already validated.
+  virtual Tensor forward(const std::vector<int64_t>& tokens, const model::Step& step,
+                         model::KVCache& cache, bool last_only) = 0;
+
+  ModelInfo info_;
+  std::vector<int64_t> eos_;
+
+ private:
+  friend class ScopedExpertsImplementation;
+  ExpertsImplementation resolve(const ExpertsImplementation& requested,
+                                const ExpertsImplementation& base) const;
+  void validate_ids(const Tensor& input_ids) const;
+
+  ExpertsImplementation impl_;
+  GenerationStats stats_;
+  std::vector<std::pair<std::string, const Experts*>> experts_modules_;
+};
+
+// Loads config.json + safetensors from `dir` and builds the architecture named by model_type.
+// Throws UnknownName "unknown model_type 'x'; supported: ..." and the errors above.
+std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const LoadOptions& options = {});
+// model_type values from_pretrained accepts (sorted).
+std::vector<std::string> supported_model_types();
+
+// The decode-stage policy, a pure function so that it can be tested and later replaced by a
+// measured choice: on a GPU-like device every "grouped_mm" entry becomes "batched_mm" (small
+// token counts favour batched products there); on CPU the map is returned unchanged; entries
+// naming other backends are never touched.
+ExpertsImplementation decode_stage_experts_implementation(const ExpertsImplementation& map,
+                                                          Device device);
+
+// Sets a model's map for a scope and restores the previous one on destruction (normal exit or
+// exception). The map must be valid (it is applied with set_experts_implementation).
+class ScopedExpertsImplementation {
+ public:
+  ScopedExpertsImplementation(CausalLM& model, const ExpertsImplementation& map);
+  ~ScopedExpertsImplementation();
+  ScopedExpertsImplementation(const ScopedExpertsImplementation&) = delete;
+  ScopedExpertsImplementation& operator=(const ScopedExpertsImplementation&) = delete;
+
+ private:
+  CausalLM& model_;
+  ExpertsImplementation saved_;
+};
+
+}  // namespace moex

@@ -1,0 +1,45 @@
+// `moex info`: loads a checkpoint and prints what moex made of it as JSON: architecture, dtype,
+// sizes, parameter count, MoE layers and get_experts_implementation().
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/args.hpp"
+#include "cli/command.hpp"
+#include "moex/model.hpp"
+
+namespace moex::cli {
+namespace {
+
+int run_info(const std::vector<std::string>& argv) {
+  Args a(argv, {"model", "dtype", "device", "experts-implementation"}, {});
+  LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
+                                    a.get_or("experts-implementation", ""));
+  auto lm = from_pretrained(a.require("model"), o);
+  const ModelInfo& i = lm->info();
+  nlohmann::json j;
+  j["model_type"] = i.model_type;
+  j["architecture"] = i.architecture;
+  j["dtype"] = std::string(dtype_name(i.dtype));
+  j["device"] = i.device.str();
+  j["parameter_count"] = i.parameter_count;
+  j["vocab_size"] = i.vocab_size;
+  j["hidden_size"] = i.hidden_size;
+  j["num_layers"] = i.num_layers;
+  j["moe_layers"] = i.moe_layers;
+  j["num_moe_layers"] = i.moe_layers.size();
+  j["num_experts"] = i.num_experts;
+  j["experts_per_token"] = i.experts_per_token;
+  j["sub_configs"] = i.sub_configs;
+  j["eos_token_ids"] = lm->default_eos_token_ids();
+  j["experts_implementation"] = lm->get_experts_implementation();
+  std::printf("%s\n", j.dump(2).c_str());
+  return 0;
+}
+
+const Registration kInfo({"info",
+                          "describe a checkpoint as JSON (--model DIR [--experts-implementation SPEC])",
+                          run_info});
+
+}  // namespace
+}  // namespace moex::cli

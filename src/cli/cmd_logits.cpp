@@ -1,0 +1,44 @@
+// `moex logits`: reads int64 `input_ids` [B, T] from a safetensors file, runs the model and writes
+// float32 `logits` [B, T, vocab]; prints a one-line JSON summary.
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/args.hpp"
+#include "cli/command.hpp"
+#include "moex/error.hpp"
+#include "moex/model.hpp"
+#include "moex/safetensors.hpp"
+
+namespace moex::cli {
+namespace {
+
+int run_logits(const std::vector<std::string>& argv) {
+  Args a(argv, {"model", "inputs", "out", "dtype", "device", "experts-implementation"}, {});
+  const std::string dir = a.require("model"), inputs = a.require("inputs"), out = a.require("out");
+  auto file = SafetensorsFile::open(inputs);
+  if (!file->contains("input_ids"))
+    throw InvalidInput("'" + inputs + "' has no tensor 'input_ids' (int64 [batch, tokens])");
+  Tensor ids = file->get("input_ids");
+  LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
+                                    a.get_or("experts-implementation", ""));
+  auto lm = from_pretrained(dir, o);
+  Tensor logits = lm->logits(ids);
+  save_safetensors(out, {{"logits", logits}});
+  nlohmann::json j;
+  j["model_type"] = lm->info().model_type;
+  j["dtype"] = std::string(dtype_name(lm->info().dtype));
+  j["experts_implementation"] = lm->get_experts_implementation();
+  j["logits_shape"] = logits.shape();
+  j["out"] = out;
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+const Registration kLogits({"logits",
+                            "write float32 logits [B, T, V] for int64 input_ids [B, T] "
+                            "(--model DIR --inputs IN.safetensors --out OUT.safetensors)",
+                            run_logits});
+
+}  // namespace
+}  // namespace moex::cli

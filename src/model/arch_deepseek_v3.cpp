@@ -1,0 +1,236 @@
+// DeepSeek-V3 (model_type "deepseek_v3"), matching transformers 5.17's DeepseekV3ForCausalLM.
+//
+// Attention is Multi-head Latent Attention: queries go through a low-rank path (q_a_proj ->
+// q_a_layernorm -> q_b_proj), keys and values are expanded per head from one compressed latent
+// (kv_a_proj_with_mqa -> kv_a_layernorm -> kv_b_proj) plus one rotary key part shared by every
+// head. transformers caches the latent and re-expands it at every step; expansion is a pure
+// function of each cached position, so this file caches the expanded per-head keys and values
+// instead (same numbers, simpler cache, more memory: fine for the sizes moex runs on the host).
+//
+// The MoE block routes with sigmoid scores plus e_score_correction_bias (bias used for the
+// choice only), group-limited top-k (n_group / topk_group), optional renormalisation and
+// routed_scaling_factor, then calls the registered experts backend and adds the shared experts.
+// The first `first_k_dense_replace` layers use a dense MLP. Exact formulas, tensor names and
+// config defaults: docs/arch_deepseek_v3_gpt_oss.md.
+#include <string>
+#include <vector>
+
+#include "model/architecture.hpp"
+#include "model/deepseek_mla.hpp"
+#include "model/deepseek_router.hpp"
+#include "moex/error.hpp"
+#include "moex/experts.hpp"
+
+namespace moex::model {
+namespace {
+
+// Copies columns [begin, begin + width) of every row of x [rows, cols] into a new tensor.
+Tensor take_columns(const Tensor& x, int64_t begin, int64_t width) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  Tensor out = new_act(rows, width);
+  const float* src = x.data<float>();
+  float* dst = out.data<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < width; ++c) dst[r * width + c] = src[r * cols + begin + c];
+  return out;
+}
+
+struct MlaWeights {
+  Linear q_proj;                 // used when q_lora_rank is null
+  Linear q_a_proj, q_b_proj;     // the low-rank query path otherwise
+  Tensor q_a_norm;
+  Linear kv_a_proj, kv_b_proj;
+  Tensor kv_a_norm;
+  Linear o_proj;
+};
+
+struct DeepseekLayer {
+  MlaWeights attn;
+  Tensor input_norm, post_norm;
+  bool moe = false;
+  GatedMlp dense;        // dense layers
+  Linear router;         // [E, H], float32
+  Tensor correction;     // e_score_correction_bias [E], float32 (absent -> zeros)
+  GatedMlp shared;       // shared experts (when n_shared_experts > 0)
+  bool has_shared = false;
+  int64_t experts_index = -1;  // into experts_
+};
+
+class DeepseekV3LM final : public DecoderLM {
+ public:
+  DeepseekV3LM(const Checkpoint& ckpt, const LoadOptions& o) : DecoderLM(ckpt, o, ckpt.config()) {
+    const DecoderConfig& c = cfg();
+    const DType dt = act();
+    const int64_t H = c.hidden_size;
+    heads_ = c.num_heads;
+    // Defaults are DeepseekV3Config's, used when a key is absent (or null, except q_lora_rank
+    // where an explicit null means "no query low-rank path").
+    const auto q_lora_it = c.json.find("q_lora_rank");
+    q_lora_ = q_lora_it == c.json.end() ? 1536 : (q_lora_it->is_null() ? 0 : c.get_int("q_lora_rank"));
+    kv_lora_ = c.get_int("kv_lora_rank", 512);
+    nope_ = c.get_int("qk_nope_head_dim", 128);
+    rope_dim_ = c.get_int("qk_rope_head_dim", 64);
+    v_dim_ = c.get_int("v_head_dim", 128);
+    qk_dim_ = nope_ + rope_dim_;
+    const bool attn_bias = c.get_bool("attention_bias", false);
+    const int64_t first_dense = c.get_int("first_k_dense_replace", 3);
+    const int64_t E = c.get_int("n_routed_experts", 256);
+    const int64_t n_shared = c.get_int("n_shared_experts", 1);
+    const int64_t moe_inter = c.get_int("moe_intermediate_size", 2048);
+    const int64_t inter = c.get_int("intermediate_size", 18432);
+    router_.top_k = c.get_int("num_experts_per_tok", 8);
+    router_.num_experts = E;
+    router_.n_group = c.get_int("n_group", 8);
+    router_.topk_group = c.get_int("topk_group", 4);
+    router_.norm_topk_prob = c.get_bool("norm_topk_prob", true);
+    router_.routed_scaling_factor = float(c.get_double("routed_scaling_factor", 2.5));
+    validate_router_config(router_, c.where);
+    if (kv_lora_ <= 0 || nope_ < 0 || v_dim_ <= 0 || q_lora_ < 0)
+      throw InvalidInput(c.where + ": kv_lora_rank, v_head_dim must be positive; q_lora_rank, "
+                         "qk_nope_head_dim non-negative");
+    if (rope_dim_ % 2 != 0 || rope_dim_ <= 0)
+      throw InvalidInput(c.where + ": qk_rope_head_dim must be a positive even number, got " +
+                         std::to_string(rope_dim_));
+    const Activation activation = parse_activation(c.get_string("hidden_act", "silu"));
+    layout_ = c.get_bool("rope_interleave", true) ? RopeLayout::kInterleaved : RopeLayout::kHalf;
+    rope_ = make_rope(c.json, rope_dim_);
+    scale_ = mla_softmax_scale(c.json, qk_dim_, c.where);
+    eps_ = float(c.rms_norm_eps);
+
+    ExpertsSpec spec;
+    spec.num_experts = E;
+    spec.hidden = H;
+    spec.intermediate = moe_inter;
+    spec.act = activation;
+
+    layers_.resize(size_t(c.num_layers));
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string p = prefix() + "layers." + std::to_string(l) + ".";
+      DeepseekLayer& L = layers_[size_t(l)];
+      MlaWeights& a = L.attn;
+      const std::string ap = p + "self_attn.";
+      if (q_lora_ > 0) {
+        a.q_a_proj = load_linear(ckpt, ap + "q_a_proj", q_lora_, H, dt, attn_bias);
+        a.q_a_norm = load_vector(ckpt, ap + "q_a_layernorm.weight", q_lora_, dt);
+        a.q_b_proj = load_linear(ckpt, ap + "q_b_proj", heads_ * qk_dim_, q_lora_, dt);
+      } else {
+        a.q_proj = load_linear(ckpt, ap + "q_proj", heads_ * qk_dim_, H, dt);
+      }
+      a.kv_a_proj = load_linear(ckpt, ap + "kv_a_proj_with_mqa", kv_lora_ + rope_dim_, H, dt, attn_bias);
+      a.kv_a_norm = load_vector(ckpt, ap + "kv_a_layernorm.weight", kv_lora_, dt);
+      a.kv_b_proj = load_linear(ckpt, ap + "kv_b_proj", heads_ * (nope_ + v_dim_), kv_lora_, dt);
+      a.o_proj = load_linear(ckpt, ap + "o_proj", H, heads_ * v_dim_, dt, attn_bias);
+      L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, dt);
+      L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, dt);
+
+      if (l < first_dense) {
+        L.dense = load_gated_mlp(ckpt, p + "mlp", H, inter, dt, activation);
+        continue;
+      }
+      L.moe = true;
+      // The router runs in float32 whatever the model dtype (transformers upcasts it).
+      L.router = load_linear(ckpt, p + "mlp.gate", E, H, DType::kF32);
+      const std::string bias_name = p + "mlp.gate.e_score_correction_bias";
+      L.correction = ckpt.has(bias_name) ? ckpt.get(bias_name, {E}, DType::kF32)
+                                         : Tensor::zeros({E}, DType::kF32);
+      if (n_shared > 0) {
+        L.shared = load_gated_mlp(ckpt, p + "mlp.shared_experts", H, moe_inter * n_shared, dt, activation);
+        L.has_shared = true;
+      }
+      L.experts_index = int64_t(experts_.size());
+      experts_.push_back(load_experts(ckpt, p + "mlp.experts", spec, dt));
+      info_.moe_layers.push_back(l);
+    }
+    for (const Experts& e : experts_) register_experts_module("", &e);
+    info_.num_experts = E;
+    info_.experts_per_token = router_.top_k;
+    init_experts_implementation(o.experts_implementation);
+  }
+
+ protected:
+  void layer_forward(int64_t layer, Tensor& h, const Step& step, LayerKV& kv) override {
+    const DeepseekLayer& L = layers_[size_t(layer)];
+    const DType dt = act();
+    Tensor x = rms_norm(h, L.input_norm, eps_, dt);
+    add_inplace(h, attention_block(L.attn, x, step, kv), dt);
+    x = rms_norm(h, L.post_norm, eps_, dt);
+    add_inplace(h, L.moe ? moe_block(L, x) : gated_mlp(x, L.dense, dt), dt);
+  }
+
+ private:
+  Tensor attention_block(const MlaWeights& a, const Tensor& x, const Step& step, LayerKV& kv) {
+    const DType dt = act();
+    const int64_t rows = x.size(0);
+    // The q_a / kv_a norms are built without eps in transformers, so they use the 1e-6 default.
+    constexpr float kLatentEps = 1e-6f;
+    Tensor q = q_lora_ > 0 ? linear(rms_norm(linear(x, a.q_a_proj, dt), a.q_a_norm, kLatentEps, dt),
+                                    a.q_b_proj, dt)
+                           : linear(x, a.q_proj, dt);
+    apply_rope(q, heads_, qk_dim_, nope_, rope_, layout_, step, dt);
+
+    Tensor ckv = linear(x, a.kv_a_proj, dt);  // [rows, kv_lora + rope]
+    Tensor latent = rms_norm(take_columns(ckv, 0, kv_lora_), a.kv_a_norm, kLatentEps, dt);
+    Tensor k_rot = take_columns(ckv, kv_lora_, rope_dim_);
+    apply_rope(k_rot, 1, rope_dim_, 0, rope_, layout_, step, dt);
+    Tensor kvb = linear(latent, a.kv_b_proj, dt);  // [rows, heads * (nope + v)]
+
+    // Per-head keys [k_nope(h); k_rot] and values, so that the generic attention serves MLA.
+    Tensor k = new_act(rows, heads_ * qk_dim_);
+    Tensor v = new_act(rows, heads_ * v_dim_);
+    const float* kb = kvb.data<float>();
+    const float* kr = k_rot.data<float>();
+    float* kp = k.data<float>();
+    float* vp = v.data<float>();
+    const int64_t stride = nope_ + v_dim_;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t hd = 0; hd < heads_; ++hd) {
+        const float* src = kb + (r * heads_ + hd) * stride;
+        float* kd = kp + (r * heads_ + hd) * qk_dim_;
+        for (int64_t i = 0; i < nope_; ++i) kd[i] = src[i];
+        for (int64_t i = 0; i < rope_dim_; ++i) kd[nope_ + i] = kr[r * rope_dim_ + i];
+        float* vd = vp + (r * heads_ + hd) * v_dim_;
+        for (int64_t i = 0; i < v_dim_; ++i) vd[i] = src[nope_ + i];
+      }
+    }
+    AttentionSpec spec;
+    spec.heads = heads_;
+    spec.kv_heads = heads_;
+    spec.head_dim_k = qk_dim_;
+    spec.head_dim_v = v_dim_;
+    spec.scale = scale_;
+    Tensor out = attention(q, k, v, kv, step, spec, dt);
+    return linear(out, a.o_proj, dt);
+  }
+
+  Tensor moe_block(const DeepseekLayer& L, const Tensor& x) {
+    const DType dt = act();
+    // x holds act-rounded values; the router reads them as float32, as transformers does.
+    Tensor logits = linear(x, L.router, DType::kF32);
+    Routing routing = deepseek_route(logits, L.correction, router_);
+    Tensor out = run_experts(experts_[size_t(L.experts_index)], experts_backend(), x, routing, dt);
+    if (L.has_shared) add_inplace(out, gated_mlp(x, L.shared, dt), dt);
+    return out;
+  }
+
+  std::vector<DeepseekLayer> layers_;
+  std::vector<Experts> experts_;
+  DeepseekRouterConfig router_;
+  Rope rope_;
+  RopeLayout layout_ = RopeLayout::kInterleaved;
+  int64_t heads_ = 0, q_lora_ = 0, kv_lora_ = 0, nope_ = 0, rope_dim_ = 0, v_dim_ = 0, qk_dim_ = 0;
+  float scale_ = 1.0f;
+  float eps_ = 1e-6f;
+};
+
+}  // namespace
+
+std::unique_ptr<CausalLM> make_deepseek_v3(const Checkpoint& ckpt, const LoadOptions& options) {
+  check_model_target(options);
+  // Block-scaled FP8 / FP4 weights would otherwise be read without their scales.
+  if (ckpt.config().contains("quantization_config") && !ckpt.config()["quantization_config"].is_null())
+    throw Unsupported(ckpt.dir() + "/config.json: quantized DeepSeek-V3 checkpoints (quantization_config) "
+                      "are not supported by the deepseek_v3 architecture yet; use a bf16/fp32 checkpoint");
+  return std::make_unique<DeepseekV3LM>(ckpt, options);
+}
+
+}  // namespace moex::model

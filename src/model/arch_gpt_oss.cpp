@@ -1,0 +1,137 @@
+// gpt-oss (model_type "gpt_oss"), matching transformers 5.17's GptOssForCausalLM.
+//
+// Attention: q/k/v/o projections with biases, rotate-half rope (yarn by default, whose
+// attention factor scales cos and sin), grouped kv heads, one learned sink logit per head that
+// joins the softmax denominator and is then dropped, and a sliding window on the layers that
+// config.layer_types marks "sliding_attention" (by default the even ones).
+// MoE: a linear router with bias, top-k on the logits, softmax over the k chosen logits; experts
+// stored fused, transposed and gate/up-interleaved, with biases and the clamped SwiGLU
+// (kSwigluOai: limit 7, alpha 1.702). The block routes, then calls the registered experts backend.
+// Exact formulas and tensor names: docs/arch_deepseek_v3_gpt_oss.md.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "model/architecture.hpp"
+#include "model/gpt_oss_layers.hpp"
+#include "moex/error.hpp"
+#include "moex/experts.hpp"
+
+namespace moex::model {
+namespace {
+
+struct GptOssLayer {
+  Linear q_proj, k_proj, v_proj, o_proj;
+  Tensor sinks;  // [heads] float32
+  Tensor input_norm, post_norm;
+  Linear router;
+  int64_t sliding_window = 0;  // 0: full attention
+};
+
+class GptOssLM final : public DecoderLM {
+ public:
+  GptOssLM(const Checkpoint& ckpt, const LoadOptions& o) : DecoderLM(ckpt, o, ckpt.config()) {
+    const DecoderConfig& c = cfg();
+    const DType dt = act();
+    const int64_t H = c.hidden_size;
+    heads_ = c.num_heads;
+    kv_heads_ = c.num_kv_heads;
+    head_dim_ = c.head_dim;
+    if (heads_ % kv_heads_ != 0)
+      throw InvalidInput(c.where + ": num_attention_heads (" + std::to_string(heads_) +
+                         ") must be a multiple of num_key_value_heads (" + std::to_string(kv_heads_) + ")");
+    const int64_t E = c.get_int("num_local_experts");
+    const int64_t I = c.get_int("intermediate_size");
+    top_k_ = c.get_int("num_experts_per_tok");
+    if (top_k_ < 1 || top_k_ > E)
+      throw InvalidInput(c.where + ": num_experts_per_tok must be in [1, num_local_experts = " +
+                         std::to_string(E) + "], got " + std::to_string(top_k_));
+    const bool bias = c.get_bool("attention_bias", true);
+    const int64_t window = c.get_int("sliding_window", 0);
+    // transformers hard-codes limit 7 and alpha 1.702; real configs carry swiglu_limit = 7 too.
+    const float limit = float(c.get_double("swiglu_limit", 7.0));
+    constexpr float kAlpha = 1.702f;
+    rope_ = make_rope(gpt_oss_rope_config(c.json), head_dim_);
+    scale_ = float(1.0 / std::sqrt(double(head_dim_)));
+    eps_ = float(c.rms_norm_eps);
+
+    std::vector<std::string> types;
+    if (c.has("layer_types")) {
+      const auto& lt = c.json["layer_types"];
+      if (!lt.is_array() || int64_t(lt.size()) != c.num_layers)
+        throw InvalidInput(c.where + ": layer_types must be a list of num_hidden_layers strings");
+      for (const auto& t : lt) {
+        if (!t.is_string() || (t != "sliding_attention" && t != "full_attention"))
+          throw InvalidInput(c.where + ": layer_types entries must be \"sliding_attention\" or "
+                             "\"full_attention\", got " + t.dump());
+        types.push_back(t.get<std::string>());
+      }
+    } else {
+      for (int64_t l = 0; l < c.num_layers; ++l)
+        types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+    }
+
+    layers_.resize(size_t(c.num_layers));
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string p = prefix() + "layers." + std::to_string(l) + ".";
+      GptOssLayer& L = layers_[size_t(l)];
+      L.q_proj = load_linear(ckpt, p + "self_attn.q_proj", heads_ * head_dim_, H, dt, bias);
+      L.k_proj = load_linear(ckpt, p + "self_attn.k_proj", kv_heads_ * head_dim_, H, dt, bias);
+      L.v_proj = load_linear(ckpt, p + "self_attn.v_proj", kv_heads_ * head_dim_, H, dt, bias);
+      L.o_proj = load_linear(ckpt, p + "self_attn.o_proj", H, heads_ * head_dim_, dt, bias);
+      L.sinks = ckpt.get(p + "self_attn.sinks", {heads_}, DType::kF32);
+      // gpt-oss keeps its norm weights in float32 (_keep_in_fp32_modules).
+      L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, DType::kF32);
+      L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, DType::kF32);
+      L.router = load_linear(ckpt, p + "mlp.router", E, H, dt, /*bias=*/true);
+      L.sliding_window = types[size_t(l)] == "sliding_attention" ? window : 0;
+      experts_.push_back(load_gpt_oss_experts(ckpt, p + "mlp.experts", E, H, I, dt, limit, kAlpha));
+      info_.moe_layers.push_back(l);
+    }
+    for (const Experts& e : experts_) register_experts_module("", &e);
+    info_.num_experts = E;
+    info_.experts_per_token = top_k_;
+    init_experts_implementation(o.experts_implementation);
+  }
+
+ protected:
+  void layer_forward(int64_t layer, Tensor& h, const Step& step, LayerKV& kv) override {
+    const GptOssLayer& L = layers_[size_t(layer)];
+    const DType dt = act();
+    Tensor x = gpt_oss_rms_norm(h, L.input_norm, eps_, dt);
+    Tensor q = linear(x, L.q_proj, dt);
+    Tensor k = linear(x, L.k_proj, dt);
+    Tensor v = linear(x, L.v_proj, dt);
+    apply_rope(q, heads_, head_dim_, 0, rope_, RopeLayout::kHalf, step, dt);
+    apply_rope(k, kv_heads_, head_dim_, 0, rope_, RopeLayout::kHalf, step, dt);
+    AttentionSpec spec;
+    spec.heads = heads_;
+    spec.kv_heads = kv_heads_;
+    spec.head_dim_k = head_dim_;
+    spec.head_dim_v = head_dim_;
+    spec.scale = scale_;
+    spec.sliding_window = L.sliding_window;
+    spec.sinks = &L.sinks;
+    add_inplace(h, linear(gpt_oss_attention(q, k, v, kv, step, spec, dt), L.o_proj, dt), dt);
+
+    x = gpt_oss_rms_norm(h, L.post_norm, eps_, dt);
+    Routing routing = gpt_oss_route(linear(x, L.router, dt), top_k_, dt);
+    add_inplace(h, run_experts(experts_[size_t(layer)], experts_backend(), x, routing, dt), dt);
+  }
+
+ private:
+  std::vector<GptOssLayer> layers_;
+  std::vector<Experts> experts_;
+  Rope rope_;
+  int64_t heads_ = 0, kv_heads_ = 0, head_dim_ = 0, top_k_ = 1;
+  float scale_ = 1.0f, eps_ = 1e-5f;
+};
+
+}  // namespace
+
+std::unique_ptr<CausalLM> make_gpt_oss(const Checkpoint& ckpt, const LoadOptions& options) {
+  check_model_target(options);
+  return std::make_unique<GptOssLM>(ckpt, options);
+}
+
+}  // namespace moex::model

@@ -1,0 +1,116 @@
+// How an architecture plugs into moex.
+//
+// An architecture is a factory `make_<model_type>(checkpoint, options)` returning a CausalLM,
+// listed in ONE table (src/model/architectures.cpp). Decoder-only MoE models derive from
+// DecoderLM below, which owns what every such model shares: the config fields, token embedding,
+// final norm, lm_head (tied or not), the layer loop, the KV cache plumbing, logits/generate and
+// the experts-implementation map. The architecture implements only `layer_forward` (one decoder
+// layer, residuals included) using the ops in ops.hpp, and builds its layers in its constructor:
+//
+//   class MyLM final : public DecoderLM {
+//    public:
+//     MyLM(const Checkpoint& ckpt, const LoadOptions& o) : DecoderLM(ckpt, o, ckpt.config()) {
+//       for (int64_t l = 0; l < cfg().num_layers; ++l) { ... load with load_linear etc. ...
+//         experts_.push_back(load_experts(ckpt, prefix() + "layers.N.mlp.experts", spec, act()));
+//         info_.moe_layers.push_back(l); }
+//       for (auto& e : experts_) register_experts_module("", &e);  // after the vector is final
+//       info_.num_experts = E; info_.experts_per_token = k;
+//       init_experts_implementation(o.experts_implementation);  // last
+//     }
+//    protected:
+//     void layer_forward(int64_t l, Tensor& h, const Step& s, LayerKV& kv) override {
+//       ... experts output = run_experts(experts_[i], experts_backend(), x, routing, act()); ...
+//     }
+//   };
+//   std::unique_ptr<CausalLM> make_my(const Checkpoint& c, const LoadOptions& o) {
+//     return std::make_unique<MyLM>(c, o); }
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/ops.hpp"
+#include "moex/checkpoint.hpp"
+#include "moex/model.hpp"
+
+namespace moex::model {
+
+// Fields every decoder config has, read from config.json or its text_config. Missing required
+// keys throw InvalidInput naming the key and the file.
+struct DecoderConfig {
+  nlohmann::json json;  // the (sub-)config object the fields were read from
+  std::string where;    // "DIR/config.json" or "DIR/config.json:text_config", for messages
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;   // num_key_value_heads, default num_heads
+  int64_t head_dim = 0;       // head_dim when present and not null, else hidden / heads
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+
+  // Typed getters over `json` (InvalidInput naming the key when missing / wrong type; the
+  // defaulted forms also accept an explicit null as "absent").
+  int64_t get_int(const std::string& key) const;
+  int64_t get_int(const std::string& key, int64_t dflt) const;
+  double get_double(const std::string& key) const;
+  double get_double(const std::string& key, double dflt) const;
+  bool get_bool(const std::string& key, bool dflt) const;
+  std::string get_string(const std::string& key, const std::string& dflt) const;
+  bool has(const std::string& key) const;  // present and not null
+};
+DecoderConfig parse_decoder_config(const nlohmann::json& j, const std::string& where);
+
+// Base of decoder-only LMs: embedding -> layer_forward for each layer -> final norm -> lm_head.
+class DecoderLM : public CausalLM {
+ protected:
+  // Reads the common fields from `text_config` (the config object of the language model), loads
+  // `<weights_prefix>embed_tokens.weight`, `<weights_prefix>norm.weight` and `lm_head.weight`
+  // (tied to the embedding when tie_word_embeddings and absent), fills info_ (model_type,
+  // dtype, device, sizes, parameter count) and the stop tokens. options.dtype is always set.
+  DecoderLM(const Checkpoint& ckpt, const LoadOptions& options, const nlohmann::json& text_config,
+            std::string weights_prefix = "model.");
+
+  // One decoder layer on h [step.rows(), hidden] (float32 holding act values), in place,
+  // residual connections included. `kv` is this layer's cache (append via attention()).
+  virtual void layer_forward(int64_t layer, Tensor& h, const Step& step, LayerKV& kv) = 0;
+
+  const DecoderConfig& cfg() const { return cfg_; }
+  DType act() const { return info_.dtype; }
+  const std::string& prefix() const { return prefix_; }  // "model." or "model.language_model."
+
+  Tensor forward(const std::vector<int64_t>& tokens, const Step& step, KVCache& cache,
+                 bool last_only) final;
+
+ private:
+  DecoderConfig cfg_;
+  std::string prefix_;
+  Tensor embed_, final_norm_, lm_head_;
+};
+
+// Device / dtype checks shared by the factories: float32 or bfloat16 on a host-accessible device
+// (CPU or the test fake GPU); CUDA model ops are not implemented yet (Unsupported).
+void check_model_target(const LoadOptions& options);
+
+// ---- the architecture table ----
+
+using ArchitectureFactory = std::unique_ptr<CausalLM> (*)(const Checkpoint&, const LoadOptions&);
+struct ArchitectureEntry {
+  const char* model_type;
+  ArchitectureFactory make;
+};
+const std::vector<ArchitectureEntry>& architectures();  // src/model/architectures.cpp
+
+std::unique_ptr<CausalLM> make_qwen2_moe(const Checkpoint&, const LoadOptions&);
+std::unique_ptr<CausalLM> make_qwen3_moe(const Checkpoint&, const LoadOptions&);
+std::unique_ptr<CausalLM> make_mixtral(const Checkpoint&, const LoadOptions&);
+std::unique_ptr<CausalLM> make_olmoe(const Checkpoint&, const LoadOptions&);
+std::unique_ptr<CausalLM> make_qwen3_vl_moe(const Checkpoint&, const LoadOptions&);
+std::unique_ptr<CausalLM> make_deepseek_v3(const Checkpoint&, const LoadOptions&);  // arch2
+std::unique_ptr<CausalLM> make_gpt_oss(const Checkpoint&, const LoadOptions&);      // arch2
+
+}  // namespace moex::model

@@ -1,0 +1,197 @@
+// CausalLM: the experts-implementation map (load-time and run-time), input validation, logits,
+// and from_pretrained. Generation lives in generate.cpp.
+#include <algorithm>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "model/architecture.hpp"
+#include "moex/checkpoint.hpp"
+#include "moex/error.hpp"
+#include "moex/experts.hpp"
+
+namespace moex {
+
+namespace {
+
+constexpr const char* kDefaultBackend = "grouped_mm";  // what transformers 5.17 reports by default
+
+std::string quoted_keys(const std::vector<std::string>& keys) {
+  std::string s;
+  for (const auto& k : keys) s += (s.empty() ? "" : ", ") + ("\"" + k + "\"");
+  return s;
+}
+
+}  // namespace
+
+ExpertsImplementation parse_experts_implementation(const std::string& spec) {
+  size_t first = spec.find_first_not_of(" \t\n");
+  if (first == std::string::npos)
+    throw InvalidInput("empty experts implementation; give a backend name or a JSON object");
+  if (spec[first] != '{') return {{"", spec}};
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(spec);
+  } catch (const std::exception& e) {
+    throw InvalidInput("experts implementation '" + spec + "' is not valid JSON: " + e.what());
+  }
+  ExpertsImplementation m;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (!it.value().is_string())
+      throw InvalidInput("experts implementation for key \"" + it.key() +
+                         "\" must be a backend name (a string)");
+    m[it.key()] = it.value().get<std::string>();
+  }
+  return m;
+}
+
+std::string experts_implementation_json(const ExpertsImplementation& map) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : map) j[k] = v;
+  return j.dump();
+}
+
+LoadOptions make_load_options(const std::string& dtype, const std::string& device,
+                              const std::string& experts_spec) {
+  LoadOptions o;
+  if (!dtype.empty()) o.dtype = parse_dtype(dtype);
+  if (!device.empty()) o.device = parse_device(device);
+  if (!experts_spec.empty()) o.experts_implementation = parse_experts_implementation(experts_spec);
+  return o;
+}
+
+CausalLM::~CausalLM() = default;
+
+const std::string& CausalLM::experts_backend(const std::string& key) const {
+  auto it = impl_.find(key);
+  if (it == impl_.end()) throw UnknownName("no experts implementation entry \"" + key + "\"");
+  return it->second;
+}
+
+void CausalLM::register_experts_module(const std::string& key, const Experts* experts) {
+  experts_modules_.emplace_back(key, experts);
+}
+
+ExpertsImplementation CausalLM::resolve(const ExpertsImplementation& requested,
+                                        const ExpertsImplementation& base) const {
+  std::vector<std::string> keys = {""};
+  keys.insert(keys.end(), info_.sub_configs.begin(), info_.sub_configs.end());
+  ExpertsImplementation out = base;
+  // The documented meaning of "": the default for the model and every sub-config not named.
+  if (auto it = requested.find(""); it != requested.end())
+    for (const auto& k : keys) out[k] = it->second;
+  for (const auto& [k, v] : requested) {
+    if (k.empty()) continue;
+    if (std::find(keys.begin(), keys.end(), k) == keys.end())
+      throw UnknownName("unknown sub-config key \"" + k + "\" in experts implementation for " +
+                        info_.model_type + "; valid keys: " + quoted_keys(keys));
+    out[k] = v;
+  }
+  for (const auto& [k, v] : out) {
+    auto backend = get_experts_backend(v);  // UnknownName listing the registered backends
+    for (const auto& [key, module] : experts_modules_) {
+      if (key != k) continue;
+      const Device dev = module->weights().gate_up.device();
+      if (std::string why = backend->unsupported_reason(module->spec(), info_.dtype, dev); !why.empty())
+        throw Unsupported("experts backend '" + v + "' cannot serve " + info_.model_type +
+                          (k.empty() ? "" : " " + k) + " experts (" + module->spec().str() + ", " +
+                          std::string(dtype_name(info_.dtype)) + "): it " + why);
+    }
+  }
+  return out;
+}
+
+void CausalLM::init_experts_implementation(const ExpertsImplementation& requested) {
+  ExpertsImplementation base;
+  base[""] = kDefaultBackend;
+  for (const auto& s : info_.sub_configs) base[s] = kDefaultBackend;
+  impl_ = resolve(requested, base);
+}
+
+void CausalLM::set_experts_implementation(const std::string& backend) {
+  impl_ = resolve({{"", backend}}, impl_);
+}
+
+void CausalLM::set_experts_implementation(const ExpertsImplementation& map) {
+  impl_ = resolve(map, impl_);
+}
+
+void CausalLM::validate_ids(const Tensor& input_ids) const {
+  if (!input_ids.defined() || input_ids.dim() != 2)
+    throw InvalidInput("input_ids must be a 2-D integer tensor [batch, tokens], got " +
+                       (input_ids.defined() ? input_ids.str() : std::string("nothing")));
+  if (input_ids.dtype() != DType::kI64 && input_ids.dtype() != DType::kI32)
+    throw InvalidInput("input_ids must be int64 or int32, got " + input_ids.str());
+  if (input_ids.size(0) == 0 || input_ids.size(1) == 0)
+    throw InvalidInput("empty prompt: input_ids is " + shape_str(input_ids.shape()) +
+                       "; give at least one token per sequence");
+  const auto ids = input_ids.to_int_vector();
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= info_.vocab_size)
+      throw InvalidInput("token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                         " is outside the vocabulary [0, " + std::to_string(info_.vocab_size) + ")");
+}
+
+Tensor CausalLM::logits(const Tensor& input_ids) {
+  validate_ids(input_ids);
+  const int64_t B = input_ids.size(0), T = input_ids.size(1);
+  model::KVCache cache(B, info_.num_layers);
+  model::Step step{B, T, 0};
+  Tensor out = forward(input_ids.to_int_vector(), step, cache, false);
+  return out.view({B, T, out.size(1)});
+}
+
+ExpertsImplementation decode_stage_experts_implementation(const ExpertsImplementation& map,
+                                                          Device device) {
+  if (!device.is_gpu_like()) return map;
+  ExpertsImplementation out = map;
+  for (auto& [k, v] : out)
+    if (v == "grouped_mm") v = "batched_mm";
+  return out;
+}
+
+ScopedExpertsImplementation::ScopedExpertsImplementation(CausalLM& model,
+                                                         const ExpertsImplementation& map)
+    : model_(model), saved_(model.get_experts_implementation()) {
+  model_.set_experts_implementation(map);
+}
+
+ScopedExpertsImplementation::~ScopedExpertsImplementation() {
+  // The saved map was valid when taken and the registry does not shrink, so restoring cannot
+  // fail; assign directly so that a destructor never throws.
+  model_.impl_ = saved_;
+}
+
+std::vector<std::string> supported_model_types() {
+  std::vector<std::string> v;
+  for (const auto& e : model::architectures()) v.push_back(e.model_type);
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const LoadOptions& options) {
+  // Backend names are checked before the (possibly long) load; keys need the model's sub-configs
+  // and are checked when it is built.
+  for (const auto& [key, backend] : options.experts_implementation) (void)get_experts_backend(backend);
+  auto ckpt = Checkpoint::open(dir);
+  const std::string type = ckpt->model_type();
+  LoadOptions o = options;
+  if (!o.dtype) {
+    // The checkpoint's own dtype, as transformers' dtype="auto" would pick.
+    const auto& c = ckpt->config();
+    std::string name = "float32";
+    for (const char* key : {"dtype", "torch_dtype"})
+      if (c.contains(key) && c[key].is_string()) {
+        name = c[key].get<std::string>();
+        break;
+      }
+    o.dtype = parse_dtype(name);
+  }
+  for (const auto& e : model::architectures())
+    if (type == e.model_type) return e.make(*ckpt, o);
+  std::string list;
+  for (const auto& t : supported_model_types()) list += (list.empty() ? "" : ", ") + t;
+  throw UnknownName("unknown model_type '" + type + "' in " + dir + "/config.json; supported: " + list);
+}
+
+}  // namespace moex

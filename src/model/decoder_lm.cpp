@@ -1,0 +1,145 @@
+// DecoderLM: what every decoder-only MoE LM shares (config fields, embedding, final norm,
+// lm_head, the layer loop). Architectures add their layers (architecture.hpp).
+#include <nlohmann/json.hpp>
+
+#include "core/device_hooks.hpp"
+#include "model/architecture.hpp"
+#include "moex/error.hpp"
+
+namespace moex::model {
+
+namespace {
+
+const nlohmann::json* find_key(const nlohmann::json& j, const std::string& key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+}  // namespace
+
+bool DecoderConfig::has(const std::string& key) const { return find_key(json, key) != nullptr; }
+
+int64_t DecoderConfig::get_int(const std::string& key) const {
+  const auto* v = find_key(json, key);
+  if (!v) throw InvalidInput(where + ": missing key '" + key + "'");
+  if (!v->is_number_integer()) throw InvalidInput(where + ": key '" + key + "' must be an integer");
+  return v->get<int64_t>();
+}
+int64_t DecoderConfig::get_int(const std::string& key, int64_t dflt) const {
+  return has(key) ? get_int(key) : dflt;
+}
+double DecoderConfig::get_double(const std::string& key) const {
+  const auto* v = find_key(json, key);
+  if (!v) throw InvalidInput(where + ": missing key '" + key + "'");
+  if (!v->is_number()) throw InvalidInput(where + ": key '" + key + "' must be a number");
+  return v->get<double>();
+}
+double DecoderConfig::get_double(const std::string& key, double dflt) const {
+  return has(key) ? get_double(key) : dflt;
+}
+bool DecoderConfig::get_bool(const std::string& key, bool dflt) const {
+  const auto* v = find_key(json, key);
+  if (!v) return dflt;
+  if (!v->is_boolean()) throw InvalidInput(where + ": key '" + key + "' must be true or false");
+  return v->get<bool>();
+}
+std::string DecoderConfig::get_string(const std::string& key, const std::string& dflt) const {
+  const auto* v = find_key(json, key);
+  if (!v) return dflt;
+  if (!v->is_string()) throw InvalidInput(where + ": key '" + key + "' must be a string");
+  return v->get<std::string>();
+}
+
+DecoderConfig parse_decoder_config(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) throw InvalidInput(where + ": config is not a JSON object");
+  DecoderConfig c;
+  c.json = j;
+  c.where = where;
+  c.vocab_size = c.get_int("vocab_size");
+  c.hidden_size = c.get_int("hidden_size");
+  c.num_layers = c.get_int("num_hidden_layers");
+  c.num_heads = c.get_int("num_attention_heads");
+  c.num_kv_heads = c.get_int("num_key_value_heads", c.num_heads);
+  if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.num_layers <= 0 || c.num_heads <= 0 ||
+      c.num_kv_heads <= 0 || c.num_heads % c.num_kv_heads != 0)
+    throw InvalidInput(where + ": invalid sizes (vocab_size, hidden_size, num_hidden_layers, "
+                       "num_attention_heads, num_key_value_heads)");
+  c.head_dim = c.get_int("head_dim", c.hidden_size / c.num_heads);
+  c.rms_norm_eps = c.get_double("rms_norm_eps", 1e-6);
+  c.tie_word_embeddings = c.get_bool("tie_word_embeddings", false);
+  return c;
+}
+
+void check_model_target(const LoadOptions& options) {
+  // On CUDA only the experts run on the GPU (the rest of the model stays on the host), so the
+  // device must exist; the backends then say whether they serve the dtype there.
+  if (options.device.is_cuda() && options.device.index >= detail::cuda_device_count())
+    throw Unsupported("no CUDA device " + options.device.str() + " (" +
+                      std::to_string(detail::cuda_device_count()) +
+                      " visible; a build without CUDA sees none); use --device cpu");
+  const DType d = options.dtype.value_or(DType::kF32);
+  if (d != DType::kF32 && d != DType::kBF16)
+    throw Unsupported("model dtype " + std::string(dtype_name(d)) +
+                      " is not supported; use float32 or bfloat16");
+}
+
+DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
+                     const nlohmann::json& text_config, std::string weights_prefix)
+    : prefix_(std::move(weights_prefix)) {
+  check_model_target(options);
+  const bool is_sub = &text_config != &ckpt.config();
+  cfg_ = parse_decoder_config(text_config, ckpt.dir() + "/config.json" + (is_sub ? ":text_config" : ""));
+  info_.model_type = ckpt.model_type();
+  const auto& top = ckpt.config();
+  if (top.contains("architectures") && top["architectures"].is_array() && !top["architectures"].empty() &&
+      top["architectures"][0].is_string())
+    info_.architecture = top["architectures"][0].get<std::string>();
+  info_.dtype = options.dtype.value_or(DType::kF32);
+  info_.device = options.device;
+  info_.vocab_size = cfg_.vocab_size;
+  info_.hidden_size = cfg_.hidden_size;
+  info_.num_layers = cfg_.num_layers;
+  for (const auto& name : ckpt.names()) info_.parameter_count += shape_numel(ckpt.get(name).shape());
+
+  const DType dt = info_.dtype;
+  embed_ = ckpt.get(prefix_ + "embed_tokens.weight", {cfg_.vocab_size, cfg_.hidden_size}, dt);
+  final_norm_ = ckpt.get(prefix_ + "norm.weight", {cfg_.hidden_size}, dt);
+  if (ckpt.has("lm_head.weight"))
+    lm_head_ = ckpt.get("lm_head.weight", {cfg_.vocab_size, cfg_.hidden_size}, dt);
+  else if (cfg_.tie_word_embeddings || top.value("tie_word_embeddings", false))
+    lm_head_ = embed_;
+  else
+    lm_head_ = ckpt.get("lm_head.weight");  // throws "missing tensor 'lm_head.weight' in DIR"
+
+  // Stop tokens: generation_config.json first, then config.json (int or list; null = none).
+  auto read_eos = [](const nlohmann::json& j, std::vector<int64_t>& out) {
+    auto it = j.find("eos_token_id");
+    if (it == j.end() || it->is_null()) return false;
+    if (it->is_number_integer()) out = {it->get<int64_t>()};
+    else if (it->is_array())
+      for (const auto& v : *it)
+        if (v.is_number_integer()) out.push_back(v.get<int64_t>());
+    return !out.empty();
+  };
+  if (!read_eos(ckpt.generation_config(), eos_) && !read_eos(top, eos_)) read_eos(text_config, eos_);
+}
+
+Tensor DecoderLM::forward(const std::vector<int64_t>& tokens, const Step& step, KVCache& cache,
+                          bool last_only) {
+  Tensor h = embedding(embed_, tokens);
+  round_to(h, act());
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) layer_forward(l, h, step, cache.layers[size_t(l)]);
+  if (last_only && step.tokens > 1) {
+    // Only the last position of each sequence feeds the head (what generation needs).
+    Tensor last = new_act(step.batch, cfg_.hidden_size);
+    for (int64_t b = 0; b < step.batch; ++b)
+      std::copy_n(h.data<float>() + ((b + 1) * step.tokens - 1) * cfg_.hidden_size, cfg_.hidden_size,
+                  last.data<float>() + b * cfg_.hidden_size);
+    h = last;
+  }
+  rms_norm_inplace(h, final_norm_, float(cfg_.rms_norm_eps), act());
+  return lm_head(h, lm_head_, act());
+}
+
+}  // namespace moex::model

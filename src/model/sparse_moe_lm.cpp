@@ -1,0 +1,155 @@
+// SparseMoeLM: the shared Llama-style sparse-MoE decoder (see sparse_moe_lm.hpp).
+// Semantics follow transformers 5.17's modeling_{qwen2_moe,qwen3_moe,qwen3_vl_moe,mixtral,olmoe}.py.
+#include "model/sparse_moe_lm.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "moex/error.hpp"
+
+namespace moex::model {
+
+SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
+                         const nlohmann::json& text_config, SparseMoeFlags flags,
+                         std::vector<std::string> sub_configs)
+    : DecoderLM(ckpt, options, text_config, flags.weights_prefix), flags_(std::move(flags)) {
+  const DecoderConfig& c = cfg();
+  const DType dt = act();
+  const int64_t H = c.hidden_size, hd = c.head_dim;
+  info_.sub_configs = std::move(sub_configs);
+
+  num_experts_ = c.has("num_experts") ? c.get_int("num_experts") : c.get_int("num_local_experts");
+  top_k_ = c.get_int("num_experts_per_tok");
+  if (num_experts_ <= 0 || top_k_ <= 0 || top_k_ > num_experts_)
+    throw InvalidInput(c.where + ": need 0 < num_experts_per_tok <= number of experts");
+  const int64_t moe_I = c.has("moe_intermediate_size") ? c.get_int("moe_intermediate_size")
+                                                       : c.get_int("intermediate_size");
+  norm_topk_prob_ = flags_.norm_topk_prob_from_config
+                        ? c.get_bool("norm_topk_prob", flags_.norm_topk_prob_default)
+                        : flags_.norm_topk_prob_default;
+  if (flags_.clip_qkv && c.has("clip_qkv")) clip_qkv_ = float(c.get_double("clip_qkv"));
+  const Activation act_fn = parse_activation(c.get_string("hidden_act", "silu"));
+
+  rope_ = make_rope(c.json, hd);
+  attn_.heads = c.num_heads;
+  attn_.kv_heads = c.num_kv_heads;
+  attn_.head_dim_k = attn_.head_dim_v = hd;
+  attn_.scale = float(1.0 / std::sqrt(double(hd)));
+
+  const bool qkv_bias = c.get_bool(flags_.qkv_bias_key, flags_.qkv_bias_default);
+  const bool o_bias = flags_.o_bias_follows && qkv_bias;
+  const int64_t sparse_step = flags_.sparse_step ? c.get_int("decoder_sparse_step", 1) : 1;
+  std::vector<int64_t> mlp_only;
+  if (flags_.sparse_step && c.has("mlp_only_layers"))
+    mlp_only = c.json["mlp_only_layers"].get<std::vector<int64_t>>();
+  const int64_t window = c.get_int("sliding_window", 0);
+
+  ExpertsSpec spec;
+  spec.num_experts = num_experts_;
+  spec.hidden = H;
+  spec.intermediate = moe_I;
+  spec.act = act_fn;
+
+  layers_.resize(size_t(c.num_layers));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    Layer& L = layers_[size_t(l)];
+    const std::string p = prefix() + "layers." + std::to_string(l) + ".";
+    L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, dt);
+    L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, dt);
+    L.q = load_linear(ckpt, p + "self_attn.q_proj", c.num_heads * hd, H, dt, qkv_bias);
+    L.k = load_linear(ckpt, p + "self_attn.k_proj", c.num_kv_heads * hd, H, dt, qkv_bias);
+    L.v = load_linear(ckpt, p + "self_attn.v_proj", c.num_kv_heads * hd, H, dt, qkv_bias);
+    L.o = load_linear(ckpt, p + "self_attn.o_proj", H, c.num_heads * hd, dt, o_bias);
+    if (flags_.qk_norm == SparseMoeFlags::QkNorm::kPerHead) {
+      L.q_norm = load_vector(ckpt, p + "self_attn.q_norm.weight", hd, dt);
+      L.k_norm = load_vector(ckpt, p + "self_attn.k_norm.weight", hd, dt);
+    } else if (flags_.qk_norm == SparseMoeFlags::QkNorm::kFullProjection) {
+      L.q_norm = load_vector(ckpt, p + "self_attn.q_norm.weight", c.num_heads * hd, dt);
+      L.k_norm = load_vector(ckpt, p + "self_attn.k_norm.weight", c.num_kv_heads * hd, dt);
+    }
+    if (flags_.window == SparseMoeFlags::Window::kAllLayers) {
+      L.sliding_window = window;
+    } else if (flags_.window == SparseMoeFlags::Window::kLayerTypes && c.has("layer_types")) {
+      const auto& types = c.json["layer_types"];
+      if (size_t(l) < types.size() && types[size_t(l)] == "sliding_attention") L.sliding_window = window;
+    }
+
+    L.moe = std::find(mlp_only.begin(), mlp_only.end(), l) == mlp_only.end() &&
+            (l + 1) % sparse_step == 0;
+    const std::string m = p + flags_.moe_block;
+    if (L.moe) {
+      L.router = load_linear(ckpt, m + ".gate", num_experts_, H, dt);
+      experts_.push_back(load_experts(ckpt, m + ".experts", spec, dt, flags_.expert_names, info_.device));
+      L.experts = &experts_.back();
+      if (flags_.shared_expert) {
+        L.shared = load_gated_mlp(ckpt, m + ".shared_expert", H,
+                                  c.get_int("shared_expert_intermediate_size"), dt, act_fn);
+        L.shared_gate = load_linear(ckpt, m + ".shared_expert_gate", 1, H, dt);
+      }
+      info_.moe_layers.push_back(l);
+    } else {
+      L.dense = load_gated_mlp(ckpt, m, H, c.get_int("intermediate_size"), dt, act_fn);
+    }
+  }
+  for (const auto& e : experts_) register_experts_module(flags_.experts_key, &e);
+  info_.num_experts = num_experts_;
+  info_.experts_per_token = top_k_;
+  init_experts_implementation(options.experts_implementation);
+}
+
+Tensor SparseMoeLM::moe_forward(const Layer& L, const Tensor& x) const {
+  const DType a = act();
+  Tensor router_logits = linear(x, L.router, a);
+  Routing r = softmax_topk(router_logits, top_k_, norm_topk_prob_,
+                           flags_.round_routing_weights ? a : DType::kF32);
+  Tensor y = run_experts(*L.experts, experts_backend(flags_.experts_key), x, r, a);
+  if (flags_.shared_expert) {
+    // y += sigmoid(shared_expert_gate(x)) * shared_expert(x), each step rounded like torch.
+    Tensor s = gated_mlp(x, L.shared, a);
+    Tensor g = linear(x, L.shared_gate, a);
+    const int64_t H = x.size(1);
+    float* py = y.data<float>();
+    const float* ps = s.data<float>();
+    const float* pg = g.data<float>();
+    for (int64_t t = 0; t < x.size(0); ++t) {
+      const float gate = round_act(sigmoid(pg[t]), a);
+      for (int64_t i = 0; i < H; ++i)
+        py[t * H + i] = round_act(py[t * H + i] + round_act(gate * ps[t * H + i], a), a);
+    }
+  }
+  return y;
+}
+
+void SparseMoeLM::layer_forward(int64_t layer, Tensor& h, const Step& step, LayerKV& kv) {
+  const Layer& L = layers_[size_t(layer)];
+  const DType a = act();
+  const float eps = float(cfg().rms_norm_eps);
+  const int64_t hd = cfg().head_dim;
+
+  Tensor x = rms_norm(h, L.input_norm, eps, a);
+  Tensor q = linear(x, L.q, a), k = linear(x, L.k, a), v = linear(x, L.v, a);
+  if (clip_qkv_ > 0)
+    for (Tensor* t : {&q, &k, &v}) {
+      float* p = t->data<float>();
+      for (int64_t i = 0; i < t->numel(); ++i) p[i] = std::clamp(p[i], -clip_qkv_, clip_qkv_);
+    }
+  if (flags_.qk_norm == SparseMoeFlags::QkNorm::kPerHead) {
+    rms_norm_inplace(q, L.q_norm, eps, a, hd);
+    rms_norm_inplace(k, L.k_norm, eps, a, hd);
+  } else if (flags_.qk_norm == SparseMoeFlags::QkNorm::kFullProjection) {
+    rms_norm_inplace(q, L.q_norm, eps, a);
+    rms_norm_inplace(k, L.k_norm, eps, a);
+  }
+  apply_rope(q, cfg().num_heads, hd, 0, rope_, RopeLayout::kHalf, step, a);
+  apply_rope(k, cfg().num_kv_heads, hd, 0, rope_, RopeLayout::kHalf, step, a);
+  AttentionSpec spec = attn_;
+  spec.sliding_window = L.sliding_window;
+  Tensor o = linear(attention(q, k, v, kv, step, spec, a), L.o, a);
+  add_inplace(h, o, a);
+
+  x = rms_norm(h, L.post_norm, eps, a);
+  Tensor y = L.moe ? moe_forward(L, x) : gated_mlp(x, L.dense, a);
+  add_inplace(h, y, a);
+}
+
+}  // namespace moex::model

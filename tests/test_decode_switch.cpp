@@ -1,0 +1,188 @@
+// The decode-stage switch: the pure policy (decode_stage_experts_implementation), and generate()
+// end to end on the test fake GPU with recording backends: prefill runs the chosen backends, the
+// one-token decode steps run batched_mm where grouped_mm was chosen, eager is never touched, CPU
+// never switches, and the caller's map is back after success and after an exception.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "moex/error.hpp"
+#include "moex/experts.hpp"
+#include "moex/model.hpp"
+#include "support/test_support.hpp"
+
+namespace moex {
+namespace {
+
+TEST(DecodeStagePolicy, CpuNeverSwitches) {
+  ExpertsImplementation m{{"", "grouped_mm"}, {"text_config", "grouped_mm"}, {"vision_config", "eager"}};
+  EXPECT_EQ(decode_stage_experts_implementation(m, Device::cpu()), m);
+}
+
+TEST(DecodeStagePolicy, GpuLikeFlipsOnlyGroupedMm) {
+  ExpertsImplementation m{{"", "grouped_mm"}, {"text_config", "eager"}, {"vision_config", "batched_mm"},
+                          {"audio_config", "my_plugin"}};
+  ExpertsImplementation want{{"", "batched_mm"}, {"text_config", "eager"}, {"vision_config", "batched_mm"},
+                             {"audio_config", "my_plugin"}};
+  EXPECT_EQ(decode_stage_experts_implementation(m, Device::fake_gpu()), want);
+  EXPECT_EQ(decode_stage_experts_implementation(m, Device::cuda(0)), want);
+  EXPECT_EQ(decode_stage_experts_implementation({}, Device::fake_gpu()), ExpertsImplementation{});
+}
+
+// ---- end to end with recording backends ----
+
+struct Call {
+  std::string backend;
+  int64_t tokens;
+  ExpertsImplementation map;  // the model's map while the call ran
+};
+
+struct Recorder {
+  std::vector<Call> calls;
+  const CausalLM* model = nullptr;
+  int64_t throw_at_decode_call = -1;  // throw on this decode call (T == 1), counted from 0
+  int64_t decode_calls = 0;
+  bool refuse_batched_mm = false;  // batched_mm says it cannot serve the experts
+};
+
+// Delegates to the real backend and records which name ran on how many tokens.
+class RecordingBackend final : public ExpertsBackend {
+ public:
+  RecordingBackend(std::string name, std::shared_ptr<const ExpertsBackend> inner, Recorder* rec)
+      : name_(std::move(name)), inner_(std::move(inner)), rec_(rec) {}
+  BackendCaps caps() const override { return inner_->caps(); }
+  std::string unsupported_reason(const ExpertsSpec& s, DType d, Device dev) const override {
+    if (rec_->refuse_batched_mm && name_ == "batched_mm") return "is refused by this test";
+    return inner_->unsupported_reason(s, d, dev);
+  }
+  std::unique_ptr<PreparedExperts> prepare(const ExpertsSpec& s, const ExpertsWeights& w) const override {
+    return inner_->prepare(s, w);
+  }
+  void forward(const ExpertsProblem& p, Tensor& out) const override {
+    rec_->calls.push_back({name_, p.tokens(), rec_->model ? rec_->model->get_experts_implementation()
+                                                          : ExpertsImplementation{}});
+    if (p.tokens() == 1 && rec_->decode_calls++ == rec_->throw_at_decode_call)
+      throw Error("injected failure in decode step");
+    inner_->forward(p, out);
+  }
+
+ private:
+  std::string name_;
+  std::shared_ptr<const ExpertsBackend> inner_;
+  Recorder* rec_;
+};
+
+class DecodeSwitch : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* n : {"eager", "batched_mm", "grouped_mm"}) {
+      originals_[n] = get_experts_backend(n);
+      register_experts_backend(n, std::make_shared<RecordingBackend>(n, originals_[n], &rec_));
+    }
+  }
+  void TearDown() override {
+    for (auto& [n, b] : originals_) register_experts_backend(n, b);
+  }
+  std::unique_ptr<CausalLM> load(Device device, const ExpertsImplementation& impl) {
+    LoadOptions o;
+    o.device = device;
+    o.experts_implementation = impl;
+    auto lm = from_pretrained(test::data_path("hf-tiny/qwen3_vl_moe/checkpoint_fp32"), o);
+    rec_.model = lm.get();
+    return lm;
+  }
+  Tensor prompt() const { return Tensor::from_ints({5, 17, 300, 42, 8, 9, 77}, {1, 7}); }
+  GenerationOptions options(int64_t n) const {
+    GenerationOptions g;
+    g.max_new_tokens = n;
+    g.eos_token_ids = std::vector<int64_t>{};
+    return g;
+  }
+
+  Recorder rec_;
+  std::map<std::string, std::shared_ptr<const ExpertsBackend>> originals_;
+};
+
+TEST_F(DecodeSwitch, FakeGpuFlipsGroupedMmForDecodeOnlyAndRestores) {
+  const ExpertsImplementation chosen{{"", "eager"}, {"text_config", "grouped_mm"}, {"vision_config", "grouped_mm"}};
+  auto lm = load(Device::fake_gpu(), chosen);
+  Tensor seq = lm->generate(prompt(), options(4));
+  ASSERT_EQ(seq.size(1), 7 + 4);
+  const int64_t layers = int64_t(lm->info().moe_layers.size());
+  ASSERT_EQ(int64_t(rec_.calls.size()), layers * 4);  // prefill + 3 decode steps
+  for (const auto& c : rec_.calls) {
+    if (c.tokens == 7) {
+      EXPECT_EQ(c.backend, "grouped_mm");
+      EXPECT_EQ(c.map, chosen);
+    } else {
+      EXPECT_EQ(c.tokens, 1);
+      EXPECT_EQ(c.backend, "batched_mm");
+      EXPECT_EQ(c.map, (ExpertsImplementation{{"", "eager"}, {"text_config", "batched_mm"},
+                                               {"vision_config", "batched_mm"}}));
+    }
+  }
+  EXPECT_EQ(lm->get_experts_implementation(), chosen);
+}
+
+TEST_F(DecodeSwitch, SwitchedDecodeGivesTheSameTokens) {
+  auto gpu = load(Device::fake_gpu(), {{"", "grouped_mm"}});
+  Tensor a = gpu->generate(prompt(), options(6));
+  auto cpu = load(Device::cpu(), {{"", "grouped_mm"}});
+  Tensor b = cpu->generate(prompt(), options(6));
+  EXPECT_EQ(a.to_int_vector(), b.to_int_vector());
+}
+
+TEST_F(DecodeSwitch, RestoredAfterAnExceptionInDecode) {
+  auto lm = load(Device::fake_gpu(), {{"", "grouped_mm"}});
+  const ExpertsImplementation chosen = lm->get_experts_implementation();
+  EXPECT_EQ(chosen.at("text_config"), "grouped_mm");
+  rec_.throw_at_decode_call = 3;  // second decode step (2 MoE layers per step)
+  EXPECT_THROW(lm->generate(prompt(), options(5)), Error);
+  EXPECT_EQ(rec_.calls.back().backend, "batched_mm");
+  EXPECT_EQ(lm->get_experts_implementation(), chosen);
+  // And the model still works, with the switch applied again.
+  rec_.throw_at_decode_call = -1;
+  rec_.calls.clear();
+  EXPECT_EQ(lm->generate(prompt(), options(3)).size(1), 7 + 3);
+  EXPECT_EQ(rec_.calls.back().backend, "batched_mm");
+  EXPECT_EQ(lm->get_experts_implementation(), chosen);
+}
+
+TEST_F(DecodeSwitch, FallsBackToTheCallersMapWhenBatchedMmCannotServe) {
+  auto lm = load(Device::fake_gpu(), {{"", "grouped_mm"}});
+  rec_.refuse_batched_mm = true;
+  EXPECT_EQ(lm->generate(prompt(), options(3)).size(1), 7 + 3);
+  ASSERT_FALSE(rec_.calls.empty());
+  for (const auto& c : rec_.calls) EXPECT_EQ(c.backend, "grouped_mm") << "tokens " << c.tokens;
+  EXPECT_EQ(lm->get_experts_implementation().at("text_config"), "grouped_mm");
+}
+
+TEST_F(DecodeSwitch, CpuNeverSwitches) {
+  auto lm = load(Device::cpu(), {{"", "grouped_mm"}});
+  lm->generate(prompt(), options(4));
+  ASSERT_FALSE(rec_.calls.empty());
+  for (const auto& c : rec_.calls) EXPECT_EQ(c.backend, "grouped_mm") << "tokens " << c.tokens;
+}
+
+TEST_F(DecodeSwitch, EagerIsNeverSwitched) {
+  auto lm = load(Device::fake_gpu(), {{"", "eager"}});
+  lm->generate(prompt(), options(4));
+  ASSERT_FALSE(rec_.calls.empty());
+  for (const auto& c : rec_.calls) EXPECT_EQ(c.backend, "eager") << "tokens " << c.tokens;
+}
+
+TEST_F(DecodeSwitch, ScopedGuardRestoresOnException) {
+  auto lm = load(Device::cpu(), {{"", "eager"}});
+  try {
+    ScopedExpertsImplementation guard(*lm, {{"", "batched_mm"}});
+    EXPECT_EQ(lm->get_experts_implementation().at("text_config"), "batched_mm");
+    throw std::runtime_error("leave the scope");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(lm->get_experts_implementation().at("text_config"), "eager");
+}
+
+}  // namespace
+}  // namespace moex

@@ -1,0 +1,114 @@
+// Checkpoint layouts a model must accept: tied embeddings (no lm_head.weight), experts already
+// fused on disk (gate_up_proj / down_proj) instead of one tensor per expert, and a float32
+// checkpoint converted to bf16 at load (bit-identical to transformers' own bf16 checkpoint).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "moex/checkpoint.hpp"
+#include "moex/error.hpp"
+#include "moex/model.hpp"
+#include "moex/safetensors.hpp"
+#include "support/test_support.hpp"
+
+namespace moex {
+namespace {
+
+class Layouts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/moex_layouts_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    tmp_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(tmp_); }
+
+  // Writes a checkpoint folder with `tensors` and `config`.
+  std::string write(const std::string& name, const std::map<std::string, Tensor>& tensors,
+                    const nlohmann::json& config) {
+    const std::string dir = tmp_ + "/" + name;
+    std::filesystem::create_directory(dir);
+    std::ofstream(dir + "/config.json") << config.dump();
+    save_safetensors(dir + "/model.safetensors", tensors);
+    return dir;
+  }
+  static std::map<std::string, Tensor> all_tensors(const Checkpoint& c) {
+    std::map<std::string, Tensor> m;
+    for (const auto& n : c.names()) m[n] = c.get(n);
+    return m;
+  }
+  static Tensor ids() { return Tensor::from_ints({3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8}, {2, 6}); }
+
+  std::string tmp_;
+};
+
+TEST_F(Layouts, TiedEmbeddingsUseTheEmbeddingAsLmHead) {
+  auto src = Checkpoint::open(test::data_path("hf-tiny/qwen3_moe/checkpoint_fp32"));
+  auto tensors = all_tensors(*src);
+  // Reference: an untied checkpoint whose lm_head is a copy of the embedding.
+  tensors["lm_head.weight"] = tensors.at("model.embed_tokens.weight");
+  const std::string untied = write("untied", tensors, src->config());
+  tensors.erase("lm_head.weight");
+  nlohmann::json cfg = src->config();
+  cfg["tie_word_embeddings"] = true;
+  const std::string tied = write("tied", tensors, cfg);
+  Tensor a = from_pretrained(tied)->logits(ids()), b = from_pretrained(untied)->logits(ids());
+  EXPECT_EQ(a.to_float_vector(), b.to_float_vector());
+  // Without the tie flag a missing lm_head is an error naming the tensor.
+  cfg["tie_word_embeddings"] = false;
+  const std::string broken = write("broken", tensors, cfg);
+  try {
+    from_pretrained(broken);
+    FAIL() << "expected a missing-tensor error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lm_head.weight"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Layouts, PreFusedExpertsGiveTheSameLogits) {
+  auto src = Checkpoint::open(test::data_path("hf-tiny/olmoe/checkpoint_fp32"));
+  const nlohmann::json& cfg = src->config();
+  const int64_t E = cfg["num_experts"], H = cfg["hidden_size"], I = cfg["intermediate_size"];
+  std::map<std::string, Tensor> tensors;
+  for (const auto& n : src->names())
+    if (n.find(".experts.") == std::string::npos) tensors[n] = src->get(n);
+  for (int64_t l = 0; l < cfg["num_hidden_layers"].get<int64_t>(); ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.experts";
+    Tensor gu = Tensor::empty({E, 2 * I, H}, DType::kF32), dn = Tensor::empty({E, H, I}, DType::kF32);
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string q = p + "." + std::to_string(e) + ".";
+      auto g = src->get(q + "gate_proj.weight").to_float_vector(), u = src->get(q + "up_proj.weight").to_float_vector(),
+           d = src->get(q + "down_proj.weight").to_float_vector();
+      std::copy(g.begin(), g.end(), gu.data<float>() + e * 2 * I * H);
+      std::copy(u.begin(), u.end(), gu.data<float>() + (e * 2 + 1) * I * H);
+      std::copy(d.begin(), d.end(), dn.data<float>() + e * H * I);
+    }
+    tensors[p + ".gate_up_proj"] = gu;
+    tensors[p + ".down_proj"] = dn;
+  }
+  const std::string fused = write("fused", tensors, cfg);
+  LoadOptions o;
+  o.experts_implementation = {{"", "eager"}};
+  Tensor a = from_pretrained(fused, o)->logits(ids());
+  Tensor b = from_pretrained(test::data_path("hf-tiny/olmoe/checkpoint_fp32"), o)->logits(ids());
+  EXPECT_EQ(a.to_float_vector(), b.to_float_vector());
+}
+
+TEST_F(Layouts, Fp32CheckpointLoadedAsBf16EqualsTheBf16Checkpoint) {
+  // The fixtures' bf16 checkpoint is the fp32 one rounded by torch (nearest even), so converting
+  // at load must give the very same weights and therefore identical logits.
+  LoadOptions o;
+  o.dtype = DType::kBF16;
+  Tensor a = from_pretrained(test::data_path("hf-tiny/mixtral/checkpoint_fp32"), o)->logits(ids());
+  Tensor b = from_pretrained(test::data_path("hf-tiny/mixtral/checkpoint_bf16"), o)->logits(ids());
+  EXPECT_EQ(a.to_float_vector(), b.to_float_vector());
+}
+
+}  // namespace
+}  // namespace moex
