@@ -184,6 +184,7 @@ Tensor Tensor::contiguous() const {
 Tensor Tensor::clone() const {
   Tensor c = contiguous();
   Tensor t = empty(shape_, dtype_, device());
+  if (nbytes() == 0) return t;
   if (device().host_accessible()) std::memcpy(t.raw(), c.raw(), nbytes());
   else detail::device_copy(t.raw(), device(), c.raw(), device(), nbytes());
   return t;
@@ -203,7 +204,7 @@ Tensor Tensor::to(Device device) const {
   Tensor c = contiguous();
   if (device.host_accessible() && c.device().host_accessible()) {
     Tensor t = empty(shape_, dtype_, device);
-    std::memcpy(t.raw(), c.raw(), nbytes());
+    if (nbytes()) std::memcpy(t.raw(), c.raw(), nbytes());
     return t;
   }
   Tensor t = empty(shape_, dtype_, device);
@@ -269,6 +270,7 @@ std::string Tensor::str() const {
 }
 
 void convert_floats(const void* src, DType st, void* dst, DType dt, int64_t n) {
+  if (n <= 0) return;  // empty tensors may have null data pointers
   if (st == dt) {
     std::memcpy(dst, src, size_t(n) * dtype_size(st));
     return;
