@@ -103,7 +103,7 @@ std::string cpu_engine_unsupported_reason(const ExpertsSpec& spec, DType act, DT
 void run_cpu_experts(const PreparedCpuExperts& prepared, const ExpertsProblem& problem,
                      Tensor& out);
 
-// ---- ceilings for `moex bench experts --device cpu` (ceilings.cpp) ----
+// ---- ceilings for `moex bench experts --device cpu` (engine_ceilings.cpp) ----
 // Read bandwidth of a buffer far larger than the last-level cache, all OpenMP threads, GB/s
 // (1e9 bytes per second); best of a few passes.
 double measure_dram_read_gbs();

@@ -2,10 +2,11 @@
 // route (counting sort by expert) -> gather rows -> gate_up GEMM + bias + activation (fused
 // epilogue, intermediate rounded to the activation dtype) -> down GEMM + bias, times the routing
 // weight, into per-slot fp32 rows -> combine each token's slots in order j = 0..k-1.
-// One OpenMP region per call; phases are separated by barriers, and each phase's work is cut
-// into contiguous, equal-cost per-thread ranges by a pure function of the routing (so the split
-// is deterministic and the result does not depend on it anyway).
+// One OpenMP region per call; a phase starts when every item of the previous one is done
+// (completion counters, not thread barriers), and items are handed out by guided
+// self-scheduling. The result does not depend on which thread did what.
 #include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -76,9 +77,18 @@ class WorkQueue {
  public:
   void reset(int64_t total, int64_t min_grain, int threads) {
     next_.store(0, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
     total_ = total;
     min_grain_ = std::max<int64_t>(1, min_grain);
     threads_ = threads;
+  }
+  // Completion instead of an OpenMP barrier: a phase is over when all its items are done, not
+  // when all threads have arrived, so a thread that has not been scheduled yet (the 2 cores are
+  // shared) does not hold the others back; the caller then does the whole phase itself.
+  void finish(int64_t n) { done_.fetch_add(n, std::memory_order_release); }
+  void wait_all() const {
+    for (int spins = 0; done_.load(std::memory_order_acquire) < total_; ++spins)
+      if (spins > 64) sched_yield();  // let a co-scheduled sibling finish its range
   }
   bool grab(int64_t* begin, int64_t* end) {
     int64_t cur = next_.load(std::memory_order_relaxed);
@@ -96,6 +106,7 @@ class WorkQueue {
 
  private:
   std::atomic<int64_t> next_{0};
+  std::atomic<int64_t> done_{0};
   int64_t total_ = 0, min_grain_ = 1;
   int threads_ = 1;
 };
@@ -163,7 +174,7 @@ void gate_up_phase(const CallContext& cx, WorkQueue& q, float* c) {
   T* h = static_cast<T*>(cx.hb);
   const kernels::GatedRowFn silu_vec = s.act == Activation::kSilu ? p.kernels.gated_silu : nullptr;
   int64_t u0, u1;
-  while (q.grab(&u0, &u1))
+  while (q.grab(&u0, &u1)) {
   for (int64_t u = u0; u < u1; ++u) {
     const ActiveExpert& ae = cx.act[u / blocks];
     const int64_t blk = u % blocks;
@@ -216,6 +227,8 @@ void gate_up_phase(const CallContext& cx, WorkQueue& q, float* c) {
       }
     });
   }
+  q.finish(u1 - u0);
+  }
 }
 
 template <class T>
@@ -224,7 +237,7 @@ void down_phase(const CallContext& cx, WorkQueue& q, float* c) {
   const PackedMatrices& W = p.down;
   const int64_t H = p.spec.hidden, blocks = W.n_pad / kernels::kBlockCols;
   int64_t u0, u1;
-  while (q.grab(&u0, &u1))
+  while (q.grab(&u0, &u1)) {
   for (int64_t u = u0; u < u1; ++u) {
     const ActiveExpert& ae = cx.act[u / blocks];
     const int64_t blk = u % blocks, n0 = blk * kernels::kBlockCols;
@@ -244,6 +257,8 @@ void down_phase(const CallContext& cx, WorkQueue& q, float* c) {
         }
       }
     });
+  }
+  q.finish(u1 - u0);
   }
 }
 
@@ -337,14 +352,15 @@ void run_typed(const PreparedCpuExperts& p, const ExpertsProblem& pr, Tensor& ou
         std::memcpy(dst, hidden + (row_slot[r] / k) * H, sizeof(T) * size_t(H));
         std::memset(dst + H, 0, sizeof(T) * size_t(cx.xa_ld - H));
       }
+      queues[0].finish(r1 - r0);
     }
-#pragma omp barrier
+    queues[0].wait_all();
     if (tid == 0) stamp[1] = omp_get_wtime();
     gate_up_phase<T>(cx, queues[1], c);
-#pragma omp barrier
+    queues[1].wait_all();
     if (tid == 0) stamp[2] = omp_get_wtime();
     down_phase<T>(cx, queues[2], c);
-#pragma omp barrier
+    queues[2].wait_all();
     if (tid == 0) stamp[3] = omp_get_wtime();
     // combine: a token's valid slots in order j = 0..k-1, fp32, one rounding
     constexpr int64_t kChunk = 256;

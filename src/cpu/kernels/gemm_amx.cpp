@@ -104,7 +104,6 @@ MOEX_TARGET_AMX double peak_loop_amx(int64_t iters) {
   alignas(64) static thread_local uint16_t ones[16 * 32];
   for (auto& v : ones) v = 0x3800;  // small bf16 so sums stay finite
   alignas(64) static thread_local float sink[16 * 16];
-  for (int t = 0; t < 4; ++t) (void)t;
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
