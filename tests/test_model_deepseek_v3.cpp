@@ -1,5 +1,5 @@
-// DeepSeek-V3 against transformers 5.17 (fixtures in tests/data/hf-tiny/deepseek_v3): fp32 logits
-// from every experts backend, greedy continuation, bf16 logits, bad configs; plus the router and
+// DeepSeek-V3 specifics (the shared fixture checks are in test_model_fixtures.cpp): model info,
+// bad configs, the router and
 // the MLA softmax scale alone.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -28,11 +28,6 @@ namespace {
 
 const std::string kDir = "hf-tiny/deepseek_v3/";
 
-Tensor reference(const std::string& name) {
-  static auto file = SafetensorsFile::open(test::data_path(kDir + "reference.safetensors"));
-  return file->get(name);
-}
-
 std::unique_ptr<CausalLM> load(const std::string& checkpoint, DType dtype, const std::string& backend) {
   LoadOptions o;
   o.dtype = dtype;
@@ -40,78 +35,8 @@ std::unique_ptr<CausalLM> load(const std::string& checkpoint, DType dtype, const
   return from_pretrained(test::data_path(kDir + checkpoint), o);
 }
 
-class DeepseekV3Backend : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(DeepseekV3Backend, Fp32LogitsMatchTransformers) {
-  const std::string backend = GetParam();
-  auto lm = load("checkpoint_fp32", DType::kF32, backend);
-  EXPECT_EQ(lm->get_experts_implementation().at(""), backend);
-  Tensor logits = lm->logits(reference("input_ids"));
-  Tensor ref = reference("logits_fp32_" + backend);
-  ASSERT_EQ(logits.shape(), ref.shape());
-  const double err = test::rel_l2_error(logits, ref);
-  std::cout << "  rel L2 vs logits_fp32_" << backend << ": " << err << "\n";
-  EXPECT_LE(err, 1e-4) << "backend " << backend;
-}
-
-TEST(DeepseekV3, BackendSwitchAtRunTimeKeepsLogits) {
-  auto lm = load("checkpoint_fp32", DType::kF32, "eager");
-  Tensor ids = reference("input_ids");
-  for (const char* backend : {"grouped_mm", "batched_mm", "eager"}) {
-    lm->set_experts_implementation(backend);
-    EXPECT_LE(test::rel_l2_error(lm->logits(ids), reference(std::string("logits_fp32_") + backend)), 1e-4)
-        << "after switching to " << backend;
-  }
-}
-
-TEST(DeepseekV3, GreedyMatchesTransformers) {
-  auto lm = load("checkpoint_fp32", DType::kF32, "grouped_mm");
-  Tensor prompt = reference("input_ids").slice(0, 0, 1).contiguous();
-  GenerationOptions g;
-  g.max_new_tokens = 12;
-  Tensor seq = lm->generate(prompt, g);
-  EXPECT_EQ(seq.to_int_vector(), reference("greedy_fp32").to_int_vector());
-}
-
-// The bf16 checkpoint run in bf16, every backend against transformers' bf16 run with that backend.
-// Tolerance: 4 bf16 unit roundoffs (4 * 2^-8, rel L2). Two bf16 evaluations of this 2-layer model
-// that round at slightly different points differ by a few roundoffs (measured: ~0.7-0.85%);
-// transformers' own bf16 run is 0.9% (gpt_oss) / 5% (deepseek_v3) away from its fp32 run, and a
-// router tie resolved differently from torch costs ~4% (gpt_oss): both would fail this bound.
-TEST_P(DeepseekV3Backend, Bf16LogitsWithinBf16Tolerance) {
-  const std::string backend = GetParam();
-  auto lm = load("checkpoint_bf16", DType::kBF16, backend);
-  Tensor logits = lm->logits(reference("input_ids"));
-  Tensor ref = reference("logits_bf16_" + backend);
-  const double tol = 4.0 * std::ldexp(1.0, -8);
-  const double err = test::rel_l2_error(logits, ref);
-  std::cout << "  rel L2 vs logits_bf16_" << backend << ": " << err << " (tolerance " << tol
-            << "; transformers' own bf16 vs fp32: " << test::rel_l2_error(ref, reference("logits_fp32_" + backend))
-            << ")\n";
-  EXPECT_LE(err, tol) << "backend " << backend;
-}
-
-INSTANTIATE_TEST_SUITE_P(AllBackends, DeepseekV3Backend,
-                         ::testing::Values("eager", "batched_mm", "grouped_mm"));
-
-// Both prompts decoded together (B = 2, one cache per sequence): the first row must still be
-// transformers' single-prompt greedy continuation, and the second its own single-prompt run.
-TEST(DeepseekV3, BatchedGreedyMatchesSinglePrompt) {
-  auto lm = load("checkpoint_fp32", DType::kF32, "eager");
-  GenerationOptions g;
-  g.max_new_tokens = 12;
-  Tensor ids = reference("input_ids");
-  const std::vector<int64_t> both = lm->generate(ids, g).to_int_vector();
-  const std::vector<int64_t> second = lm->generate(ids.slice(0, 1, 2).contiguous(), g).to_int_vector();
-  const std::vector<int64_t> want0 = reference("greedy_fp32").to_int_vector();
-  const size_t width = both.size() / 2;
-  ASSERT_GE(width, want0.size());
-  EXPECT_EQ(std::vector<int64_t>(both.begin(), both.begin() + std::ptrdiff_t(want0.size())), want0);
-  // The second row may be longer than its single run only by stop-token padding.
-  ASSERT_LE(second.size(), width);
-  EXPECT_EQ(std::vector<int64_t>(both.begin() + std::ptrdiff_t(width),
-                                 both.begin() + std::ptrdiff_t(width + second.size())), second);
-}
+// Logits per backend, greedy, bf16, run-time switching and batched greedy are checked for every
+// architecture by tests/test_model_fixtures.cpp; this file holds what is specific to DeepseekV3.
 
 TEST(DeepseekV3, InfoDescribesTheModel) {
   auto lm = load("checkpoint_fp32", DType::kF32, "eager");
