@@ -30,33 +30,6 @@ namespace {
 #define SKIP_WITHOUT_GPU() \
   if (moex::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
-struct Layout {
-  bool gate, bias, transposed, concat;
-};
-std::vector<Layout> all_layouts() {
-  std::vector<Layout> v;
-  for (bool bias : {false, true})
-    for (bool tr : {false, true}) {
-      v.push_back({true, bias, tr, true});
-      v.push_back({true, bias, tr, false});
-      v.push_back({false, bias, tr, true});
-    }
-  return v;
-}
-
-ExpertsSpec make_spec(const Layout& l, int64_t E, int64_t H, int64_t I, Activation act) {
-  ExpertsSpec s;
-  s.num_experts = E;
-  s.hidden = H;
-  s.intermediate = I;
-  s.has_gate = l.gate;
-  s.has_bias = l.bias;
-  s.is_transposed = l.transposed;
-  s.is_concatenated = l.concat;
-  s.act = act;
-  s.swiglu_limit = 1.5f;  // small enough that the clamps are exercised
-  return s;
-}
 
 Tensor on_gpu(const Tensor& t) { return t.defined() ? t.to(Device::cuda()) : t; }
 ExpertsWeights weights_on_gpu(const ExpertsWeights& w) {
@@ -93,10 +66,10 @@ class CudaConsistency : public ::testing::TestWithParam<std::string> {};
 TEST_P(CudaConsistency, AllLayoutsUglySizes) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 11000;
-  for (const Layout& l : all_layouts())
+  for (const ExpertsLayout& l : all_experts_layouts())
     for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
       for (int64_t T : {0, 1, 7, 64, 1000}) {
-        ExpertsSpec s = make_spec(l, 9, T == 1000 ? 19 : 111, 13, Activation::kSilu);
+        ExpertsSpec s = make_experts_spec(l, 9, T == 1000 ? 19 : 111, 13, Activation::kSilu);
         check_case(GetParam(), s, dt, T, 3, RoutingCase::kRandom, ++seed);
       }
 }
@@ -106,10 +79,10 @@ TEST_P(CudaConsistency, AllLayoutsUglySizes) {
 TEST_P(CudaConsistency, AllLayoutsTensorCoreSizes) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 12000;
-  for (const Layout& l : all_layouts())
+  for (const ExpertsLayout& l : all_experts_layouts())
     for (DType dt : {DType::kBF16, DType::kF16, DType::kF32})
       for (int64_t T : {1, 7, 64, 1000}) {
-        ExpertsSpec s = make_spec(l, T == 1000 ? 3 : 9, 136, 72, Activation::kSilu);
+        ExpertsSpec s = make_experts_spec(l, T == 1000 ? 3 : 9, 136, 72, Activation::kSilu);
         check_case(GetParam(), s, dt, T, 2, RoutingCase::kRandom, ++seed);
       }
 }
@@ -122,7 +95,7 @@ TEST_P(CudaConsistency, RoutingCases) {
                          RoutingCase::kSentinels})
     for (int64_t T : {1, 7, 64, 1000})
       for (int64_t H : {111, 128}) {
-        ExpertsSpec s = make_spec({true, false, false, true}, 11, H, H == 128 ? 64 : 13,
+        ExpertsSpec s = make_experts_spec({true, false, false, true}, 11, H, H == 128 ? 64 : 13,
                                   Activation::kSilu);
         check_case(GetParam(), s, DType::kF32, T, 4, rc, ++seed);
         check_case(GetParam(), s, DType::kBF16, T, 4, rc, ++seed, /*per_expert=*/true);
@@ -135,11 +108,11 @@ TEST_P(CudaConsistency, Activations) {
   uint64_t seed = 14000;
   for (Activation a : {Activation::kSilu, Activation::kGelu, Activation::kGeluTanh,
                        Activation::kRelu, Activation::kSwigluOai})
-    for (const Layout& l : all_layouts()) {
+    for (const ExpertsLayout& l : all_experts_layouts()) {
       if (a == Activation::kSwigluOai && !l.gate) continue;
-      check_case(GetParam(), make_spec(l, 5, 19, 13, a), DType::kF32, 7, 2,
+      check_case(GetParam(), make_experts_spec(l, 5, 19, 13, a), DType::kF32, 7, 2,
                  RoutingCase::kRandom, ++seed);
-      check_case(GetParam(), make_spec(l, 5, 64, 40, a), DType::kBF16, 33, 2,
+      check_case(GetParam(), make_experts_spec(l, 5, 64, 40, a), DType::kBF16, 33, 2,
                  RoutingCase::kRandom, ++seed);
     }
 }
@@ -147,7 +120,7 @@ TEST_P(CudaConsistency, Activations) {
 // A wrong kernel must fail the same check: perturb one weight of the backend's input only.
 TEST_P(CudaConsistency, HarnessDetectsAPerturbedWeight) {
   SKIP_WITHOUT_GPU();
-  ExpertsSpec s = make_spec({true, false, false, true}, 4, 64, 32, Activation::kSilu);
+  ExpertsSpec s = make_experts_spec({true, false, false, true}, 4, 64, 32, Activation::kSilu);
   ExpertsWeights w = random_experts_weights(s, DType::kBF16, 15001);
   Routing r = random_routing(s, 16, 2, DType::kBF16, 15001, RoutingCase::kEveryExpert);
   Tensor ref = experts_reference_f64(s, w, r.hidden, r.top_k_index, r.top_k_weights);
@@ -180,8 +153,8 @@ TEST_P(CudaGraph, ReplaysWithNewRouting) {
   const auto& [backend, variant] = GetParam();
   // variant 0: bf16 tensor cores, small T; 1: bf16 large tiles; 2: fp32 SIMT, ugly sizes, bias.
   DType dt = variant == 2 ? DType::kF32 : DType::kBF16;
-  ExpertsSpec s = variant == 2 ? make_spec({true, true, true, false}, 7, 19, 13, Activation::kGelu)
-                               : make_spec({true, false, false, true}, 8, 128, 64, Activation::kSilu);
+  ExpertsSpec s = variant == 2 ? make_experts_spec({true, true, true, false}, 7, 19, 13, Activation::kGelu)
+                               : make_experts_spec({true, false, false, true}, 8, 128, 64, Activation::kSilu);
   int64_t T = variant == 1 ? 700 : 9, k = 3;
   uint64_t seed = 16000 + 10 * variant;
   ExpertsWeights w = random_experts_weights(s, dt, seed);

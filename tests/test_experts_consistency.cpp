@@ -13,37 +13,6 @@ using namespace moex::test;
 
 namespace {
 
-struct Layout {
-  bool gate, bias, transposed, concat;
-};
-std::string layout_name(const Layout& l) {
-  return std::string(l.gate ? (l.concat ? "gated_concat" : "gated_interleaved") : "ungated") +
-         (l.bias ? "_bias" : "") + (l.transposed ? "_transposed" : "");
-}
-std::vector<Layout> all_layouts() {
-  std::vector<Layout> v;
-  for (bool bias : {false, true})
-    for (bool tr : {false, true}) {
-      v.push_back({true, bias, tr, true});
-      v.push_back({true, bias, tr, false});
-      v.push_back({false, bias, tr, true});
-    }
-  return v;
-}
-
-ExpertsSpec make_spec(const Layout& l, int64_t E, int64_t H, int64_t I, Activation act) {
-  ExpertsSpec s;
-  s.num_experts = E;
-  s.hidden = H;
-  s.intermediate = I;
-  s.has_gate = l.gate;
-  s.has_bias = l.bias;
-  s.is_transposed = l.transposed;
-  s.is_concatenated = l.concat;
-  s.act = act;
-  s.swiglu_limit = 1.5f;  // small enough that the clamps are exercised with O(1) activations
-  return s;
-}
 
 void check_case(const std::string& backend, const ExpertsSpec& s, DType dt, int64_t T, int64_t k,
                 RoutingCase rc, uint64_t seed, bool per_expert = false,
@@ -66,10 +35,10 @@ class Consistency : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Consistency, AllLayoutsAllTokenCounts) {
   uint64_t seed = 1000;
-  for (const Layout& l : all_layouts())
+  for (const ExpertsLayout& l : all_experts_layouts())
     for (DType dt : {DType::kF32, DType::kBF16})
       for (int64_t T : {0, 1, 7, 64, 1000}) {
-        ExpertsSpec s = make_spec(l, 9, T == 1000 ? 19 : 111, 13, Activation::kSilu);
+        ExpertsSpec s = make_experts_spec(l, 9, T == 1000 ? 19 : 111, 13, Activation::kSilu);
         check_case(GetParam(), s, dt, T, 3, RoutingCase::kRandom, ++seed);
       }
 }
@@ -80,7 +49,7 @@ TEST_P(Consistency, RoutingCases) {
                          RoutingCase::kEmptyExperts, RoutingCase::kDuplicates,
                          RoutingCase::kSentinels})
     for (int64_t T : {1, 7, 64}) {
-      ExpertsSpec s = make_spec({true, false, false, true}, 11, 111, 13, Activation::kSilu);
+      ExpertsSpec s = make_experts_spec({true, false, false, true}, 11, 111, 13, Activation::kSilu);
       check_case(GetParam(), s, DType::kF32, T, 4, rc, ++seed);
       check_case(GetParam(), s, DType::kBF16, T, 4, rc, ++seed, /*per_expert=*/true);
       check_case(GetParam(), s, DType::kF32, T, 4, rc, ++seed, false, DType::kI32);
@@ -91,22 +60,22 @@ TEST_P(Consistency, Activations) {
   uint64_t seed = 3000;
   for (Activation a : {Activation::kSilu, Activation::kGelu, Activation::kGeluTanh,
                        Activation::kRelu, Activation::kSwigluOai})
-    for (const Layout& l : all_layouts()) {
+    for (const ExpertsLayout& l : all_experts_layouts()) {
       if (a == Activation::kSwigluOai && !l.gate) continue;
-      ExpertsSpec s = make_spec(l, 5, 19, 13, a);
+      ExpertsSpec s = make_experts_spec(l, 5, 19, 13, a);
       check_case(GetParam(), s, DType::kF32, 7, 2, RoutingCase::kRandom, ++seed);
       check_case(GetParam(), s, DType::kF16, 7, 2, RoutingCase::kRandom, ++seed);
     }
 }
 
 TEST_P(Consistency, SingleExpertTopOne) {
-  ExpertsSpec s = make_spec({true, true, true, false}, 1, 19, 13, Activation::kSwigluOai);
+  ExpertsSpec s = make_experts_spec({true, true, true, false}, 1, 19, 13, Activation::kSwigluOai);
   check_case(GetParam(), s, DType::kF32, 64, 1, RoutingCase::kRandom, 4001);
 }
 
 // A wrong kernel must fail the same check: perturb one weight of the backend's input only.
 TEST_P(Consistency, HarnessDetectsAPerturbedWeight) {
-  ExpertsSpec s = make_spec({true, false, false, true}, 4, 19, 13, Activation::kSilu);
+  ExpertsSpec s = make_experts_spec({true, false, false, true}, 4, 19, 13, Activation::kSilu);
   ExpertsWeights w = random_experts_weights(s, DType::kF32, 5001);
   Routing r = random_routing(s, 16, 2, DType::kF32, 5001, RoutingCase::kEveryExpert);
   Tensor ref = experts_reference_f64(s, w, r.hidden, r.top_k_index, r.top_k_weights);

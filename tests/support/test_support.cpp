@@ -34,6 +34,37 @@ ExpertsWeights random_experts_weights(const ExpertsSpec& s, DType dtype, uint64_
   return w;
 }
 
+std::vector<ExpertsLayout> all_experts_layouts() {
+  std::vector<ExpertsLayout> v;
+  for (bool bias : {false, true})
+    for (bool tr : {false, true}) {
+      v.push_back({true, bias, tr, true});
+      v.push_back({true, bias, tr, false});
+      v.push_back({false, bias, tr, true});
+    }
+  return v;
+}
+
+std::string experts_layout_name(const ExpertsLayout& l) {
+  return std::string(l.gate ? (l.concat ? "gated_concat" : "gated_interleaved") : "ungated") +
+         (l.bias ? "_bias" : "") + (l.transposed ? "_transposed" : "");
+}
+
+ExpertsSpec make_experts_spec(const ExpertsLayout& l, int64_t E, int64_t H, int64_t I,
+                              Activation act) {
+  ExpertsSpec s;
+  s.num_experts = E;
+  s.hidden = H;
+  s.intermediate = I;
+  s.has_gate = l.gate;
+  s.has_bias = l.bias;
+  s.is_transposed = l.transposed;
+  s.is_concatenated = l.concat;
+  s.act = act;
+  s.swiglu_limit = 1.5f;
+  return s;
+}
+
 std::string routing_case_name(RoutingCase c) {
   switch (c) {
     case RoutingCase::kRandom: return "random";

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "moex/check.hpp"
 #include "moex/experts.hpp"
@@ -15,6 +16,17 @@ namespace moex::test {
 // Weights ~ U(-a, a) with a = 1/sqrt(fan_in) (so activations stay O(1)), biases ~ U(-0.5, 0.5),
 // rounded to `dtype`, stored in the layout the spec describes.
 ExpertsWeights random_experts_weights(const ExpertsSpec& spec, DType dtype, uint64_t seed);
+
+// The layout flags of an experts spec; all_experts_layouts() lists the 12 combinations
+// (gated concatenated / gated interleaved / ungated) x bias x transposed.
+struct ExpertsLayout {
+  bool gate, bias, transposed, concat;
+};
+std::vector<ExpertsLayout> all_experts_layouts();
+std::string experts_layout_name(const ExpertsLayout& l);
+// swiglu_limit is 1.5, small enough that the clamps are exercised with O(1) activations.
+ExpertsSpec make_experts_spec(const ExpertsLayout& l, int64_t E, int64_t H, int64_t I,
+                              Activation act);
 
 enum class RoutingCase {
   kRandom,        // k distinct experts per token, uniformly drawn
