@@ -33,7 +33,7 @@ std::unique_ptr<CausalLM> load(const std::string& model, const std::string& ckpt
 
 TEST_P(CudaExperts, Bf16LogitsMatchTransformersAndTheCpuModel) {
   const std::string backend = GetParam();
-  for (const char* model : {"qwen2_moe", "mixtral", "olmoe", "qwen3_moe"}) {
+  for (const char* model : {"qwen2_moe", "mixtral", "olmoe", "qwen3_moe", "deepseek_v3", "gpt_oss"}) {
     auto ref = SafetensorsFile::open(test::data_path(std::string("hf-tiny/") + model + "/reference.safetensors"));
     Tensor ids = ref->get("input_ids");
     std::unique_ptr<CausalLM> gpu;
@@ -63,6 +63,39 @@ TEST_P(CudaExperts, GenerateRestoresTheMapOnARealGpu) {
   Tensor seq = lm->generate(Tensor::from_ints({1, 2, 3, 4}, {1, 4}), g);
   EXPECT_EQ(seq.size(1), 12);
   EXPECT_EQ(lm->get_experts_implementation(), (ExpertsImplementation{{"", backend}}));
+}
+
+// A backend that runs only on CUDA (delegating to grouped_mm): a model loaded with --device cuda
+// whose experts silently stayed on the host would be refused by it.
+class CudaOnlyProbe final : public ExpertsBackend {
+ public:
+  BackendCaps caps() const override {
+    BackendCaps c = get_experts_backend("grouped_mm")->caps();
+    c.devices = {DeviceKind::kCUDA};
+    return c;
+  }
+  std::unique_ptr<PreparedExperts> prepare(const ExpertsSpec& s, const ExpertsWeights& w) const override {
+    return get_experts_backend("grouped_mm")->prepare(s, w);
+  }
+  void forward(const ExpertsProblem& p, Tensor& out) const override {
+    ++calls;
+    get_experts_backend("grouped_mm")->forward(p, out);
+  }
+  mutable int calls = 0;
+};
+
+TEST(CudaExpertsPlacement, EveryArchitectureRunsItsExpertsOnTheGpu) {
+  if (detail::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto probe = std::make_shared<CudaOnlyProbe>();
+  register_experts_backend("test_cuda_only_probe", probe);
+  for (const char* model : {"qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss"}) {
+    const int before = probe->calls;
+    auto lm = load(model, "checkpoint_fp32", DType::kF32, Device::cuda(0), "test_cuda_only_probe");
+    auto ref = SafetensorsFile::open(test::data_path(std::string("hf-tiny/") + model + "/reference.safetensors"));
+    Tensor logits = lm->logits(ref->get("input_ids"));
+    EXPECT_GT(probe->calls, before) << model;
+    EXPECT_LE(test::rel_l2_error(logits, ref->get("logits_fp32_grouped_mm")), 1e-4) << model;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, CudaExperts, ::testing::Values("eager", "batched_mm", "grouped_mm"));

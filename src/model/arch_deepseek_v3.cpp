@@ -138,7 +138,7 @@ class DeepseekV3LM final : public DecoderLM {
         L.has_shared = true;
       }
       L.experts_index = int64_t(experts_.size());
-      experts_.push_back(load_experts(ckpt, p + "mlp.experts", spec, dt));
+      experts_.push_back(load_experts(ckpt, p + "mlp.experts", spec, dt, {}, info_.device));
       info_.moe_layers.push_back(l);
     }
     for (const Experts& e : experts_) register_experts_module("", &e);

@@ -85,7 +85,7 @@ class GptOssLM final : public DecoderLM {
       L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, DType::kF32);
       L.router = load_linear(ckpt, p + "mlp.router", E, H, dt, /*bias=*/true);
       L.sliding_window = types[size_t(l)] == "sliding_attention" ? window : 0;
-      experts_.push_back(load_gpt_oss_experts(ckpt, p + "mlp.experts", E, H, I, dt, limit, kAlpha));
+      experts_.push_back(experts_to(load_gpt_oss_experts(ckpt, p + "mlp.experts", E, H, I, dt, limit, kAlpha), info_.device));
       info_.moe_layers.push_back(l);
     }
     for (const Experts& e : experts_) register_experts_module("", &e);
