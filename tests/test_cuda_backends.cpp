@@ -7,6 +7,7 @@
 // Every test skips cleanly where no GPU exists (CI).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "moex/experts.hpp"
@@ -20,6 +21,7 @@ TEST(CudaBackends, SkippedInCpuOnlyBuild) { GTEST_SKIP() << "built without CUDA 
 #else
 
 #include "cuda/backends.hpp"
+#include "cuda/experts_ops.hpp"
 #include "cuda/runtime.hpp"
 
 using namespace moex;
@@ -201,6 +203,36 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaGraph,
                            return std::get<0>(info.param) + "_" +
                                   std::to_string(std::get<1>(info.param));
                          });
+
+// On Hopper, grouped_mm's compute-bound configuration must run the TMA + wgmma kernel (the
+// consistency tests above then check its results); elsewhere, or when switched off with
+// MOEX_CUDA_GEMM=mma, the mma.sync kernel. A silent fallback would pass every accuracy test.
+TEST(CudaPlan, GroupedUsesWgmmaOnHopper) {
+  SKIP_WITHOUT_GPU();
+  moex::cuda::ExpertsArgs a;
+  a.elem = moex::cuda::Elem::kBF16;
+  a.tokens = 4096;
+  a.top_k = 4;
+  a.experts = 60;
+  a.hidden = 2048;
+  a.intermediate = 1408;
+  alignas(16) static unsigned char dummy[64];
+  a.hidden_states = a.top_k_index = a.top_k_weights = a.gate_up = a.down = dummy;
+  a.out = dummy;
+  const std::string plan = moex::cuda::describe_plan(a, moex::cuda::Algo::kGrouped);
+  const auto& d = moex::cuda::device_info(moex::cuda::current_device());
+  const char* env = std::getenv("MOEX_CUDA_GEMM");
+  const bool off = env && std::string(env) == "mma";
+  if (d.major == 9 && d.minor == 0 && !off) EXPECT_NE(plan.find("wgmma"), std::string::npos) << plan;
+  else EXPECT_EQ(plan.find("wgmma"), std::string::npos) << plan;
+  a.tokens = 2;  // decode: 16-row mma.sync tiles
+  EXPECT_NE(moex::cuda::describe_plan(a, moex::cuda::Algo::kGrouped).find("mma.sync tiles of 16"),
+            std::string::npos);
+  a.transposed = true;  // no wgmma path for transposed weights yet
+  a.tokens = 4096;
+  EXPECT_EQ(moex::cuda::describe_plan(a, moex::cuda::Algo::kGrouped).find("wgmma"),
+            std::string::npos);
+}
 
 TEST(CudaRuntime, CapsAndRegistry) {
   for (auto b : {moex::cuda::make_eager_backend(), moex::cuda::make_batched_mm_backend(),

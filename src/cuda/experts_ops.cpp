@@ -27,6 +27,7 @@ struct Workspace {
   float* y;     // [P, H] fp32
   float* gu;    // eager: [P, R] fp32
   void* xg;     // eager: [P, H] elem
+  void* xs;     // grouped on Hopper: hidden rows gathered in sorted order, [P, H] elem
   int max_tiles;
   size_t bytes;
 };
@@ -57,6 +58,7 @@ Workspace carve(const ExpertsArgs& a, Algo algo, void* base) {
   w.num_tiles = reinterpret_cast<int*>(take(sizeof(int)));
   w.h = take(es * P * a.intermediate);
   w.y = reinterpret_cast<float*>(take(sizeof(float) * P * a.hidden));
+  if (algo == Algo::kGrouped) w.xs = take(es * P * a.hidden);
   if (algo == Algo::kEager) {
     w.gu = reinterpret_cast<float*>(take(sizeof(float) * P * gate_up_rows(a)));
     w.xg = take(es * P * a.hidden);
@@ -91,6 +93,8 @@ GroupedGemmArgs gemm_args(const ExpertsArgs& a, const Workspace& w, GemmKind kin
     g.K = int(H);
     g.N = int(I);
     g.out = w.h;
+    g.a_sorted = w.xs;
+    g.w_rows_total = a.experts * R;
   } else {
     g.a = w.h;
     g.w = a.down;
@@ -101,6 +105,8 @@ GroupedGemmArgs gemm_args(const ExpertsArgs& a, const Workspace& w, GemmKind kin
     g.K = int(I);
     g.N = int(H);
     g.out = w.y;
+    g.a_sorted = w.h;
+    g.w_rows_total = a.experts * H;
   }
   return g;
 }
@@ -116,11 +122,30 @@ bool mma_ok(const ExpertsArgs& a) {
   return grouped_gemm_mma_supported(g1) && grouped_gemm_mma_supported(g2);
 }
 
+// The Hopper path serves the large-tile (compute-bound) configuration of grouped_mm; both GEMMs
+// must qualify (the gathered A buffer only exists for grouped).
+constexpr int kWgmmaTileRows = 128;
+bool wgmma_ok(const ExpertsArgs& a) {
+  Workspace w = carve(a, Algo::kGrouped, nullptr);
+  GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
+  GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
+  g1.a = g2.a = a.hidden_states;
+  return (a.hidden * elem_size(a.elem)) % 16 == 0 && grouped_gemm_wgmma_supported(g1) &&
+         grouped_gemm_wgmma_supported(g2);
+}
+
 void run_gemms(const ExpertsArgs& a, const Workspace& w, bool mma, int tile_rows,
                cudaStream_t s) {
   GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
   GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
-  if (mma) {
+  if (mma && tile_rows == kWgmmaTileRows && wgmma_ok(a)) {
+    const int64_t P = pairs_of(a);
+    g1.a_rows = g2.a_rows = P;
+    launch_gather_sorted(a.hidden_states, w.sorted_pair, w.offsets + a.experts, a.top_k, P,
+                         int(a.hidden), a.elem, w.xs, s);
+    launch_grouped_gemm_wgmma(g1, s);
+    launch_grouped_gemm_wgmma(g2, s);
+  } else if (mma) {
     launch_grouped_gemm_mma(g1, tile_rows, s);
     launch_grouped_gemm_mma(g2, tile_rows, s);
   } else {
@@ -193,8 +218,10 @@ std::string describe_plan(const ExpertsArgs& a, Algo algo) {
   if (algo == Algo::kEager) return s + ": per-expert loop, SIMT fp32 products (synchronises)";
   if (algo == Algo::kBatched)
     return s + (mma ? ": one 16-row mma.sync tile per pair" : ": one SIMT tile per pair");
-  return s + (mma ? ": mma.sync tiles of " : ": SIMT tiles of ") +
-         std::to_string(grouped_tile_rows(a)) + " rows";
+  const int rows = grouped_tile_rows(a);
+  if (mma && rows == kWgmmaTileRows && wgmma_ok(a))
+    return s + ": TMA + wgmma (sm_90a) tiles of " + std::to_string(rows) + " rows";
+  return s + (mma ? ": mma.sync tiles of " : ": SIMT tiles of ") + std::to_string(rows) + " rows";
 }
 
 size_t workspace_bytes(const ExpertsArgs& a, Algo algo) { return carve(a, algo, nullptr).bytes; }

@@ -4,7 +4,9 @@
 //   batched_mm: route_per_pair -> gate_up GEMM (one tile per pair: the pair's expert rows are
 //               streamed from the weight tensor, nothing is copied) -> down GEMM -> combine
 //   grouped_mm: route_by_expert -> grouped gate_up GEMM (gather fused in the A loads, activation
-//               fused in the epilogue) -> grouped down GEMM -> combine
+//               fused in the epilogue) -> grouped down GEMM -> combine. On Hopper, 128-row tiles
+//               run the TMA + wgmma kernel instead, which needs A contiguous: a gather into
+//               sorted order comes first (one extra pass over [P, H], a few % of the time).
 //   eager:      route_by_expert, then a host loop over the experts that received tokens (it reads
 //               the per-expert offsets back, so it synchronises): gather, dense gate_up,
 //               activation, dense down; then combine. It is the readable reference path.

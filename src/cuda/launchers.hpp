@@ -68,11 +68,22 @@ struct GroupedGemmArgs {
   int act = 0;
   float limit = 7.f, alpha = 1.702f;
   void* out = nullptr;       // h [P, I] of elem (kGateUp) or y [P, H] float (kDown)
+  // wgmma path only: A already in sorted order, [a_rows, K] contiguous.
+  const void* a_sorted = nullptr;
+  int64_t a_rows = 0;
+  int64_t w_rows_total = 0;  // E * rows per expert (the B tensor map's extent)
 };
 // Tensor-core path: mma.sync m16n8k16 with a cp.async pipeline (bf16 / f16; K, N multiples of 8;
 // 16-byte aligned pointers; not transposed+interleaved). tile_rows picks the configuration.
 bool grouped_gemm_mma_supported(const GroupedGemmArgs& a);
 void launch_grouped_gemm_mma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream);
+// Hopper path: TMA + wgmma, warp-specialised (grouped_gemm_wgmma.cuh). Needs a compute
+// capability 9.0 device, bf16 / f16, non-transposed weights, gated layouts concatenated, K a
+// multiple of 8, 16-byte aligned tensors, 128-row tiles, and A contiguous in sorted order:
+// `a_sorted` with `a_rows` rows (gate_up: the gathered hidden rows, see launch_gather_sorted;
+// down: h). MOEX_CUDA_GEMM=mma turns it off (comparisons, bisecting).
+bool grouped_gemm_wgmma_supported(const GroupedGemmArgs& a);
+void launch_grouped_gemm_wgmma(const GroupedGemmArgs& a, cudaStream_t stream);
 // Any element type and layout, plain fp32 FMA (no tf32): the fallback and the fp32 path.
 constexpr int kSimtTileRows = 32;
 void launch_grouped_gemm_simt(const GroupedGemmArgs& a, cudaStream_t stream);
@@ -87,6 +98,10 @@ void launch_combine(const float* y, const int* pos_of_pair, const void* top_k_in
 // dst[r, :] = src[sorted_pair[r] / top_k, :] for r < rows.
 void launch_gather(const void* src, const int* sorted_pair, int top_k, int64_t rows, int cols,
                    Elem elem, void* dst, cudaStream_t stream);
+// dst[r, :] = src[sorted_pair[r] / top_k, :] for r < *valid (a device count, e.g. offsets[E]),
+// over a grid of `rows` (an upper bound): the graph-capturable gather of the wgmma path.
+void launch_gather_sorted(const void* src, const int* sorted_pair, const int* valid, int top_k,
+                          int64_t rows, int cols, Elem elem, void* dst, cudaStream_t stream);
 // h[r, i] = act(gate, up) of the fp32 gate_up product gu [rows, R] (R = 2I gated, I ungated).
 void launch_activation(const float* gu, int64_t rows, int I, bool gated, bool concatenated,
                        int act, float limit, float alpha, Elem elem, void* h, cudaStream_t stream);

@@ -1,0 +1,96 @@
+// Host side of the Hopper grouped GEMM: when it applies, the tensor-map encoder, the gather that
+// makes gate_up's A contiguous, and the element-type dispatch.
+#include <cudaTypedefs.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "cuda/grouped_gemm_wgmma.cuh"
+#include "cuda/launchers.hpp"
+#include "cuda/runtime.hpp"
+
+namespace moex::cuda {
+
+void launch_grouped_gemm_wgmma_bf16(const GroupedGemmArgs& a, cudaStream_t stream);
+void launch_grouped_gemm_wgmma_f16(const GroupedGemmArgs& a, cudaStream_t stream);
+
+namespace {
+
+bool wgmma_disabled() {
+  static const bool off = [] {
+    const char* e = std::getenv("MOEX_CUDA_GEMM");
+    return e && std::string(e) == "mma";
+  }();
+  return off;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    MOEX_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                                     cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || !p)
+      throw DeviceError("cuTensorMapEncodeTiled is not available from the CUDA driver");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+CUtensorMap encode_tensor_map_2d(const void* base, bool bf16, int64_t rows, int64_t cols,
+                                 int box_rows, int box_cols) {
+  CUtensorMap map;
+  cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  cuuint64_t strides[1] = {cuuint64_t(cols) * 2};
+  cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};
+  cuuint32_t elem_strides[2] = {1, 1};
+  CUresult r = tensor_map_encoder()(
+      &map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+      const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw DeviceError("cuTensorMapEncodeTiled failed (error " + std::to_string(int(r)) + ") for a [" +
+                      std::to_string(rows) + ", " + std::to_string(cols) + "] tensor");
+  return map;
+}
+
+bool grouped_gemm_wgmma_supported(const GroupedGemmArgs& a) {
+  if (wgmma_disabled()) return false;
+  if (a.elem == Elem::kF32 || a.transposed) return false;
+  if (a.kind == GemmKind::kGateUp && a.gated && !a.concatenated) return false;
+  if (a.K % 8 != 0 || a.K <= 0 || a.N <= 0) return false;
+  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  if (!aligned(a.w) || (a.w_expert_stride * 2) % 16 != 0) return false;
+  if (device_count() == 0) return false;
+  const DeviceInfo& d = device_info(current_device());
+  return d.major == 9 && d.minor == 0;
+}
+
+void launch_grouped_gemm_wgmma(const GroupedGemmArgs& a, cudaStream_t stream) {
+  if (a.max_tiles <= 0) return;
+  if (!a.a_sorted || a.a_rows <= 0 || a.w_rows_total <= 0)
+    throw Error("launch_grouped_gemm_wgmma: A must be in sorted order (a_sorted, a_rows) and "
+                "w_rows_total set");
+  if (a.elem == Elem::kBF16) launch_grouped_gemm_wgmma_bf16(a, stream);
+  else launch_grouped_gemm_wgmma_f16(a, stream);
+}
+
+void launch_gather_sorted(const void* src, const int* sorted_pair, const int* valid, int top_k,
+                          int64_t rows, int cols, Elem elem, void* dst, cudaStream_t stream) {
+  if (rows <= 0) return;
+  if ((int64_t(cols) * int64_t(elem_size(elem))) % 16 != 0)
+    throw Error("launch_gather_sorted: row bytes must be a multiple of 16");
+  const unsigned threads = 128;
+  if (elem == Elem::kF32)
+    gather_sorted_kernel<float><<<unsigned(rows), threads, 0, stream>>>(
+        static_cast<const float*>(src), sorted_pair, valid, top_k, cols, static_cast<float*>(dst));
+  else
+    gather_sorted_kernel<__half><<<unsigned(rows), threads, 0, stream>>>(
+        static_cast<const __half*>(src), sorted_pair, valid, top_k, cols, static_cast<__half*>(dst));
+  MOEX_CUDA_CHECK_LAUNCH(gather_sorted_kernel);
+}
+
+}  // namespace moex::cuda

@@ -1,0 +1,168 @@
+// Grouped GEMM for Hopper: TMA loads into a STAGES-deep shared-memory ring, warpgroup MMA
+// (wgmma, bf16 / f16 in, fp32 accumulate), one warp-specialised block per output tile.
+//
+// Why: the mma.sync kernel (grouped_gemm_mma.cuh) tops out at 160-285 TFLOP/s on the H200
+// because every operand passes through registers (ldmatrix) and every thread issues its own
+// loads; wgmma reads both operands straight from shared memory and TMA moves a whole tile per
+// instruction, so the math warps only issue MMAs (docs/cuda.md has the measurements).
+//
+// Block = 3 warpgroups. Warpgroup 0 is the producer: one thread waits for a free stage, arms the
+// stage's "full" barrier with the bytes to expect and issues the TMA loads of the A tile (128
+// sorted rows x 64 k) and the B tile (BNB weight rows x 64 k). Warpgroups 1 and 2 are consumers:
+// each owns 64 of the 128 rows, waits for "full", issues four m64nBNBk16 wgmmas, and frees the
+// stage of the *previous* k step once its MMAs have retired (wgmma.wait_group 1), so one MMA
+// batch is always in flight while the next stage is being loaded.
+//
+// Work decomposition is the mma kernel's: blockIdx.x indexes the device-side tile table
+// (route_by_expert, 128-row tiles), blocks past *num_tiles exit, blockIdx.y indexes output
+// columns. Nothing depends on the host knowing the routing, so the kernel replays in CUDA graphs.
+//
+// Operands. A is contiguous in sorted order (gate_up: the hidden rows gathered by
+// gather_sorted_kernel; down: the intermediate h), so its tile is one 2D TMA box; rows past the
+// tile's own (the next expert's, or past the end: zero-filled) are computed and never stored.
+// B is the [E * N_rows, K] weight tensor (non-transposed layouts only); for gated concatenated
+// gate_up the stage holds BN gate rows followed by the BN matching up rows (two boxes), so a
+// thread's accumulator chunk i (gate) and chunk i + BN/8 (up) are the same output column and the
+// activation runs in the epilogue, as in the mma kernel. Rows of B past the expert's own are read
+// but only feed columns >= N, which are not stored.
+#pragma once
+
+#include "cuda/gemm_common.cuh"
+#include "cuda/hopper.cuh"
+
+namespace moex::cuda {
+
+constexpr int kWgmmaBM = 128;  // rows per tile (= route tile rows)
+constexpr int kWgmmaBK = 64;   // k per stage: one 128-byte swizzled row of bf16 / f16
+constexpr int kWgmmaThreads = 384;
+
+template <class T, int BNB, int STAGES>
+struct WgmmaSmem {
+  static constexpr int kAStage = kWgmmaBM * kWgmmaBK * int(sizeof(T));
+  static constexpr int kBStage = BNB * kWgmmaBK * int(sizeof(T));
+  static constexpr int kBarOffset = STAGES * (kAStage + kBStage);
+  // + barriers, + 1 KiB to align the dynamic shared memory base to 1024 bytes (128B swizzle).
+  static constexpr size_t kBytes = size_t(kBarOffset) + 2 * STAGES * sizeof(uint64_t) + 1024;
+};
+
+template <class T, GemmKind kKind, int kGroups, int BNB, int STAGES>
+__global__ void __launch_bounds__(kWgmmaThreads, 1)
+    grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tma_a,
+                              const __grid_constant__ CUtensorMap tma_b, GemmParams p,
+                              int b_rows_per_expert) {
+  constexpr int BK = kWgmmaBK;
+  constexpr int BN = BNB / kGroups;  // output columns of the tile
+  using S = WgmmaSmem<T, BNB, STAGES>;
+
+  if (int(blockIdx.x) >= *p.num_tiles) return;
+  const Tile tile = p.tiles[blockIdx.x];
+  if (tile.rows <= 0) return;
+  const int n0 = blockIdx.y * BN;
+  if (n0 >= p.N) return;
+
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  unsigned char* a_smem = smem;
+  unsigned char* b_smem = smem + STAGES * S::kAStage;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBarOffset);
+  uint64_t* empty = full + STAGES;
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  if (tid == 0) {
+    sm90::tma_prefetch_desc(&tma_a);
+    sm90::tma_prefetch_desc(&tma_b);
+    for (int s = 0; s < STAGES; ++s) {
+      sm90::mbar_init(&full[s], 1);
+      sm90::mbar_init(&empty[s], 8);  // one arrival per consumer warp (2 warpgroups x 4 warps)
+    }
+    sm90::fence_mbar_init();
+  }
+  __syncthreads();
+
+  const int KT = (p.K + BK - 1) / BK;
+  if (wg == 0) {
+    // ---- producer ----
+    if (tid == 0) {
+      const int brow = tile.expert * b_rows_per_expert + n0;
+      for (int kb = 0; kb < KT; ++kb) {
+        const int s = kb % STAGES;
+        if (kb >= STAGES) sm90::mbar_wait(&empty[s], ((kb / STAGES) - 1) & 1);
+        sm90::mbar_arrive_expect_tx(&full[s], S::kAStage + S::kBStage);
+        sm90::tma_load_2d(a_smem + s * S::kAStage, &tma_a, &full[s], kb * BK, tile.row_start);
+        unsigned char* b = b_smem + s * S::kBStage;
+        if constexpr (kGroups == 2) {
+          sm90::tma_load_2d(b, &tma_b, &full[s], kb * BK, brow);
+          sm90::tma_load_2d(b + BN * BK * int(sizeof(T)), &tma_b, &full[s], kb * BK, brow + p.I);
+        } else {
+          sm90::tma_load_2d(b, &tma_b, &full[s], kb * BK, brow);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  const int c = wg - 1;  // rows [64c, 64c + 64) of the tile
+  const int lane = tid % 32, warp = (tid % 128) / 32;
+  constexpr int NACC = BNB / 2;
+  float acc[NACC];
+#pragma unroll
+  for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
+
+  for (int kb = 0; kb < KT; ++kb) {
+    const int s = kb % STAGES;
+    sm90::mbar_wait(&full[s], (kb / STAGES) & 1);
+    const uint64_t da = sm90::desc_k_major_sw128(a_smem + s * S::kAStage + c * 64 * BK * int(sizeof(T)));
+    const uint64_t db = sm90::desc_k_major_sw128(b_smem + s * S::kBStage);
+    sm90::fence_accumulators<NACC>(acc);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int k16 = 0; k16 < BK / 16; ++k16)
+      sm90::wgmma_k16<T, BNB>(acc, da + 2 * k16, db + 2 * k16);
+    sm90::wgmma_commit();
+    sm90::fence_accumulators<NACC>(acc);
+    sm90::wgmma_wait<1>();
+    sm90::fence_accumulators<NACC>(acc);
+    // The MMAs of step kb - 1 have retired: its stage may be overwritten.
+    if (kb > 0) {
+      __syncwarp();
+      if (lane == 0) sm90::mbar_arrive(&empty[(kb - 1) % STAGES]);
+    }
+  }
+  sm90::wgmma_wait<0>();
+  sm90::fence_accumulators<NACC>(acc);
+
+  // ---- epilogue: bias, activation (gate_up) or fp32 store (down), masked to the tile ----
+  const int r0 = c * 64 + warp * 16 + lane / 4;
+#pragma unroll
+  for (int i = 0; i < BN / 8; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = r0 + (e >> 1) * 8;
+      const int j = n0 + 8 * i + 2 * (lane % 4) + (e & 1);
+      if (r < tile.rows && j < p.N) {
+        const float g0 = acc[4 * i + e];
+        const float g1 = kGroups == 2 ? acc[4 * (i + BN / 8) + e] : 0.f;
+        epilogue_store<T, kKind, kGroups>(p, tile.expert, tile.row_start + r, j, g0, g1);
+      }
+    }
+  }
+}
+
+// Gathers the hidden row of every valid sorted position (positions >= offsets[E] are unused and
+// skipped) into a contiguous [P, cols] matrix, 16 bytes per thread step.
+template <class T>
+__global__ void gather_sorted_kernel(const T* __restrict__ src, const int* __restrict__ sorted_pair,
+                                     const int* __restrict__ valid, int top_k, int cols,
+                                     T* __restrict__ dst) {
+  const int64_t r = blockIdx.x;
+  if (r >= *valid) return;
+  const int64_t token = sorted_pair[r] / top_k;
+  const uint4* s = reinterpret_cast<const uint4*>(src + token * cols);
+  uint4* d = reinterpret_cast<uint4*>(dst + r * cols);
+  const int chunks = cols * int(sizeof(T)) / 16;
+  for (int i = threadIdx.x; i < chunks; i += blockDim.x) d[i] = s[i];
+}
+
+}  // namespace moex::cuda

@@ -1,0 +1,69 @@
+// Launcher body of the Hopper grouped GEMM, instantiated per element type in
+// grouped_gemm_wgmma_{bf16,f16}.cu: tensor maps for A and B, and the run-time -> compile-time
+// dispatch (kind, groups, tile width). Host-only encoding; no device memory is read here, so the
+// launch is capturable (the maps are kernel parameters, baked into a captured graph together
+// with the buffers they point to, which the workspace keeps fixed between replays).
+#pragma once
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "cuda/grouped_gemm_wgmma.cuh"
+#include "cuda/runtime.hpp"
+
+namespace moex::cuda {
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+CUtensorMap encode_tensor_map_2d(const void* base, bool bf16, int64_t rows, int64_t cols,
+                                 int box_rows, int box_cols);
+
+// Output columns per tile: 256 weight rows per stage by default (m64n256 per consumer);
+// MOEX_WGMMA_BN=128 selects the narrower tile (kept for measurements).
+inline int wgmma_b_rows() {
+  static const int v = [] {
+    const char* e = std::getenv("MOEX_WGMMA_BN");
+    return e && std::string(e) == "128" ? 128 : 256;
+  }();
+  return v;
+}
+
+template <class T, GemmKind kKind, int kGroups, int BNB>
+void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
+  constexpr int STAGES = BNB == 256 ? 4 : 6;
+  constexpr int BN = BNB / kGroups;
+  auto kernel = grouped_gemm_wgmma_kernel<T, kKind, kGroups, BNB, STAGES>;
+  constexpr size_t smem = WgmmaSmem<T, BNB, STAGES>::kBytes;
+  static std::atomic<uint64_t> opted{0};
+  const int dev = current_device();
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (!(opted.load() & bit)) {
+    MOEX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(smem)));
+    opted.fetch_or(bit);
+  }
+  constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
+  const int64_t rows_per_expert = a.w_expert_stride / a.K;
+  const CUtensorMap ma =
+      encode_tensor_map_2d(a.a_sorted, bf, a.a_rows, a.K, kWgmmaBM, kWgmmaBK);
+  // B: one map over every expert's rows ([E * rows_per_expert, K]).
+  const CUtensorMap mb = encode_tensor_map_2d(a.w, bf, a.w_rows_total, a.K, BN, kWgmmaBK);
+  dim3 grid(unsigned(a.max_tiles), unsigned((a.N + BN - 1) / BN));
+  kernel<<<grid, kWgmmaThreads, smem, stream>>>(ma, mb, to_params(a), int(rows_per_expert));
+  MOEX_CUDA_CHECK_LAUNCH(grouped_gemm_wgmma_kernel);
+}
+
+template <class T, GemmKind kKind, int kGroups>
+void launch_wgmma_width(const GroupedGemmArgs& a, cudaStream_t stream) {
+  if (wgmma_b_rows() == 128) launch_wgmma_instance<T, kKind, kGroups, 128>(a, stream);
+  else launch_wgmma_instance<T, kKind, kGroups, 256>(a, stream);
+}
+
+template <class T>
+void launch_grouped_gemm_wgmma_typed(const GroupedGemmArgs& a, cudaStream_t stream) {
+  if (a.kind == GemmKind::kDown) launch_wgmma_width<T, GemmKind::kDown, 1>(a, stream);
+  else if (a.gated) launch_wgmma_width<T, GemmKind::kGateUp, 2>(a, stream);
+  else launch_wgmma_width<T, GemmKind::kGateUp, 1>(a, stream);
+}
+
+}  // namespace moex::cuda
