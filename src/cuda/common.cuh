@@ -43,9 +43,13 @@ struct ActParams {
   float alpha = 1.702f;
 };
 
-__device__ __forceinline__ float act_single(int act, float x) {
+// SiLU (every gated model but gpt-oss) is inlined; the others are out-of-line calls. Why: the
+// GEMM epilogues are fully unrolled over a thread's outputs (64 per thread in the wgmma kernel),
+// and with every variant inlined at every output the epilogue grew to ~100 KB of code, which
+// missed the instruction cache on every item: ncu showed the wgmma gate_up kernel stalled on
+// instruction fetch 40% of the time (docs/cuda.md). The formulas are unchanged.
+static __device__ __noinline__ float act_single_other(int act, float x) {
   switch (act) {
-    case 0: return x / (1.f + expf(-x));
     case 1: return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
     case 2: {
       float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
@@ -55,14 +59,21 @@ __device__ __forceinline__ float act_single(int act, float x) {
     default: return x;
   }
 }
+static __device__ __noinline__ float act_swiglu_oai(float g, float u, float limit, float alpha) {
+  g = fminf(g, limit);
+  u = fminf(fmaxf(u, -limit), limit);
+  return (u + 1.f) * g / (1.f + expf(-alpha * g));
+}
+__device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
+
+__device__ __forceinline__ float act_single(int act, float x) {
+  return act == 0 ? silu(x) : act_single_other(act, x);
+}
 // Gated: act(g) * u, or gpt-oss's clamped SwiGLU. Ungated callers use act_single.
 __device__ __forceinline__ float act_gated(const ActParams& p, float g, float u) {
-  if (p.act == 4) {
-    g = fminf(g, p.limit);
-    u = fminf(fmaxf(u, -p.limit), p.limit);
-    return (u + 1.f) * g / (1.f + expf(-p.alpha * g));
-  }
-  return act_single(p.act, g) * u;
+  if (p.act == 0) return silu(g) * u;
+  if (p.act == 4) return act_swiglu_oai(g, u, p.limit, p.alpha);
+  return act_single_other(p.act, g) * u;
 }
 
 // ---- PTX wrappers (sm_80+) ----

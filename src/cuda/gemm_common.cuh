@@ -62,14 +62,14 @@ __device__ __forceinline__ const T* a_row(const GemmParams& p, int pos) {
   return a + int64_t(pos) * p.K;
 }
 
-// The fused epilogue for one output element: v[0] = group 0 (gate, or the only group), v[1] = up.
+// The fused epilogue of one output element: v[0] = group 0 (gate, or the only group), v[1] = up;
+// returns the value to store (fp32 for down, before rounding to T for gate_up).
 template <class T, GemmKind kKind, int kGroups>
-__device__ __forceinline__ void epilogue_store(const GemmParams& p, int expert, int pos, int j,
-                                               float g0, float g1) {
+__device__ __forceinline__ float epilogue_value(const GemmParams& p, int expert, int j, float g0,
+                                                float g1) {
   if (kKind == GemmKind::kDown) {
     if (p.bias) g0 += to_float(static_cast<const T*>(p.bias)[expert * p.bias_expert_stride + j]);
-    static_cast<float*>(p.out)[int64_t(pos) * p.N + j] = g0;
-    return;
+    return g0;
   }
   const T* bias = static_cast<const T*>(p.bias);
   if (bias) {
@@ -77,8 +77,32 @@ __device__ __forceinline__ void epilogue_store(const GemmParams& p, int expert, 
     if (kGroups == 2)
       g1 += to_float(bias[expert * p.bias_expert_stride + b_source_row<kGroups>(p, j, 1)]);
   }
-  float v = kGroups == 2 ? act_gated(p.ap, g0, g1) : act_single(p.ap.act, g0);
-  static_cast<T*>(p.out)[int64_t(pos) * p.N + j] = from_float<T>(v);
+  return kGroups == 2 ? act_gated(p.ap, g0, g1) : act_single(p.ap.act, g0);
+}
+
+template <class T, GemmKind kKind, int kGroups>
+__device__ __forceinline__ void epilogue_store(const GemmParams& p, int expert, int pos, int j,
+                                               float g0, float g1) {
+  const float v = epilogue_value<T, kKind, kGroups>(p, expert, j, g0, g1);
+  if (kKind == GemmKind::kDown) static_cast<float*>(p.out)[int64_t(pos) * p.N + j] = v;
+  else static_cast<T*>(p.out)[int64_t(pos) * p.N + j] = from_float<T>(v);
+}
+
+// Columns j and j + 1 in one store (j even, j + 1 < N, N even: the pair is aligned).
+template <class T, GemmKind kKind, int kGroups>
+__device__ __forceinline__ void epilogue_store_pair(const GemmParams& p, int expert, int pos, int j,
+                                                    float g0a, float g1a, float g0b, float g1b) {
+  const float va = epilogue_value<T, kKind, kGroups>(p, expert, j, g0a, g1a);
+  const float vb = epilogue_value<T, kKind, kGroups>(p, expert, j + 1, g0b, g1b);
+  if (kKind == GemmKind::kDown) {
+    *reinterpret_cast<float2*>(static_cast<float*>(p.out) + int64_t(pos) * p.N + j) =
+        make_float2(va, vb);
+  } else {
+    const T h[2] = {from_float<T>(va), from_float<T>(vb)};
+    uint32_t u;
+    memcpy(&u, h, sizeof u);
+    *reinterpret_cast<uint32_t*>(static_cast<T*>(p.out) + int64_t(pos) * p.N + j) = u;
+  }
 }
 
 }  // namespace moex::cuda

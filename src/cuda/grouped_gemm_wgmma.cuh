@@ -13,9 +13,11 @@
 // stage of the *previous* k step once its MMAs have retired (wgmma.wait_group 1), so one MMA
 // batch is always in flight while the next stage is being loaded.
 //
-// Work decomposition is the mma kernel's: blockIdx.x indexes the device-side tile table
-// (route_by_expert, 128-row tiles), blocks past *num_tiles exit, blockIdx.y indexes output
-// columns. Nothing depends on the host knowing the routing, so the kernel replays in CUDA graphs.
+// Work decomposition: the work items are (tile of the device-side tile table, 128-row tiles from
+// route_by_expert) x (column block); the kernel is persistent (one CTA per SM, items handed out
+// round-robin, see work_item for the order) and reads the number of tiles on the device, so
+// nothing depends on the host knowing the routing and the kernel replays in CUDA graphs. Being
+// persistent lets the producer load the next item's first stages during the epilogue.
 //
 // Operands. A is contiguous in sorted order (gate_up: the hidden rows gathered by
 // gather_sorted_kernel; down: the intermediate h), so its tile is one 2D TMA box; rows past the
@@ -45,20 +47,37 @@ struct WgmmaSmem {
   static constexpr size_t kBytes = size_t(kBarOffset) + 2 * STAGES * sizeof(uint64_t) + 1024;
 };
 
+// Work item -> (tile, column block). Items are rastered in groups of `raster` tiles: within
+// a group the tile index runs fastest, then the column block. The CTAs resident at one time then
+// cover a few tiles (their A rows stay in L2) times many column blocks, and every weight block
+// they read is shared by the group's tiles of the same expert at about the same time (a plain
+// tile-fastest order re-reads A from HBM once per column block when A exceeds L2; a plain
+// column-fastest order re-reads the weights once per tile when an expert has many tiles).
+constexpr int kWgmmaRasterTiles = 8;
+struct WorkItem {
+  int tile, nb;
+};
+__device__ __forceinline__ WorkItem work_item(int item, int num_tiles, int nblocks, int raster) {
+  const int per_group = raster * nblocks;
+  const int g = item / per_group, within = item % per_group;
+  const int g_tiles = min(raster, num_tiles - g * raster);
+  return {g * raster + within % g_tiles, within / g_tiles};
+}
+
 template <class T, GemmKind kKind, int kGroups, int BNB, int STAGES>
 __global__ void __launch_bounds__(kWgmmaThreads, 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tma_a,
                               const __grid_constant__ CUtensorMap tma_b, GemmParams p,
-                              int b_rows_per_expert) {
+                              int b_rows_per_expert, int raster) {
   constexpr int BK = kWgmmaBK;
   constexpr int BN = BNB / kGroups;  // output columns of the tile
   using S = WgmmaSmem<T, BNB, STAGES>;
 
-  if (int(blockIdx.x) >= *p.num_tiles) return;
-  const Tile tile = p.tiles[blockIdx.x];
-  if (tile.rows <= 0) return;
-  const int n0 = blockIdx.y * BN;
-  if (n0 >= p.N) return;
+  // Persistent: CTA b takes items b, b + gridDim.x, ... of num_tiles x nblocks.
+  const int num_tiles = *p.num_tiles;
+  const int nblocks = (p.N + BN - 1) / BN;
+  const int items = num_tiles * nblocks;
+  if (int(blockIdx.x) >= items) return;
 
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -82,20 +101,29 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
 
   const int KT = (p.K + BK - 1) / BK;
   if (wg == 0) {
-    // ---- producer ----
+    // ---- producer: runs up to STAGES k steps ahead, across items (it fills the ring for the
+    // next item while the consumers run the epilogue of this one) ----
     if (tid == 0) {
-      const int brow = tile.expert * b_rows_per_expert + n0;
-      for (int kb = 0; kb < KT; ++kb) {
-        const int s = kb % STAGES;
-        if (kb >= STAGES) sm90::mbar_wait(&empty[s], ((kb / STAGES) - 1) & 1);
-        sm90::mbar_arrive_expect_tx(&full[s], S::kAStage + S::kBStage);
-        sm90::tma_load_2d(a_smem + s * S::kAStage, &tma_a, &full[s], kb * BK, tile.row_start);
-        unsigned char* b = b_smem + s * S::kBStage;
-        if constexpr (kGroups == 2) {
-          sm90::tma_load_2d(b, &tma_b, &full[s], kb * BK, brow);
-          sm90::tma_load_2d(b + BN * BK * int(sizeof(T)), &tma_b, &full[s], kb * BK, brow + p.I);
-        } else {
-          sm90::tma_load_2d(b, &tma_b, &full[s], kb * BK, brow);
+      int it = 0;  // k steps issued by this CTA so far: stage = it % STAGES, pass = it / STAGES
+      for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        const WorkItem w = work_item(item, num_tiles, nblocks, raster);
+        const Tile tile = p.tiles[w.tile];
+        if (tile.rows <= 0) continue;
+        const int n0 = w.nb * BN;
+        const int brow = tile.expert * b_rows_per_expert + n0;
+        for (int kb = 0; kb < KT; ++kb, ++it) {
+          const int s = it % STAGES;
+          if (it >= STAGES) sm90::mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
+          sm90::mbar_arrive_expect_tx(&full[s], S::kAStage + S::kBStage);
+          sm90::tma_load_2d(a_smem + s * S::kAStage, &tma_a, &full[s], kb * BK, tile.row_start);
+          unsigned char* b = b_smem + s * S::kBStage;
+          if constexpr (kGroups == 2) {
+            sm90::tma_load_2d(b, &tma_b, &full[s], kb * BK, brow);
+            sm90::tma_load_2d(b + BN * BK * int(sizeof(T)), &tma_b, &full[s], kb * BK,
+                              brow + p.I);
+          } else {
+            sm90::tma_load_2d(b, &tma_b, &full[s], kb * BK, brow);
+          }
         }
       }
     }
@@ -107,44 +135,60 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
   const int lane = tid % 32, warp = (tid % 128) / 32;
   constexpr int NACC = BNB / 2;
   float acc[NACC];
+  int it = 0;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const WorkItem w = work_item(item, num_tiles, nblocks, raster);
+    const Tile tile = p.tiles[w.tile];
+    if (tile.rows <= 0) continue;
+    const int n0 = w.nb * BN;
 #pragma unroll
-  for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
-
-  for (int kb = 0; kb < KT; ++kb) {
-    const int s = kb % STAGES;
-    sm90::mbar_wait(&full[s], (kb / STAGES) & 1);
-    const uint64_t da = sm90::desc_k_major_sw128(a_smem + s * S::kAStage + c * 64 * BK * int(sizeof(T)));
-    const uint64_t db = sm90::desc_k_major_sw128(b_smem + s * S::kBStage);
-    sm90::fence_accumulators<NACC>(acc);
-    sm90::wgmma_fence();
+    for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
+    for (int kb = 0; kb < KT; ++kb, ++it) {
+      const int s = it % STAGES;
+      sm90::mbar_wait(&full[s], (it / STAGES) & 1);
+      const uint64_t da =
+          sm90::desc_k_major_sw128(a_smem + s * S::kAStage + c * 64 * BK * int(sizeof(T)));
+      const uint64_t db = sm90::desc_k_major_sw128(b_smem + s * S::kBStage);
+      sm90::fence_accumulators<NACC>(acc);
+      sm90::wgmma_fence();
 #pragma unroll
-    for (int k16 = 0; k16 < BK / 16; ++k16)
-      sm90::wgmma_k16<T, BNB>(acc, da + 2 * k16, db + 2 * k16);
-    sm90::wgmma_commit();
-    sm90::fence_accumulators<NACC>(acc);
-    sm90::wgmma_wait<1>();
-    sm90::fence_accumulators<NACC>(acc);
-    // The MMAs of step kb - 1 have retired: its stage may be overwritten.
-    if (kb > 0) {
-      __syncwarp();
-      if (lane == 0) sm90::mbar_arrive(&empty[(kb - 1) % STAGES]);
+      for (int k16 = 0; k16 < BK / 16; ++k16)
+        sm90::wgmma_k16<T, BNB>(acc, da + 2 * k16, db + 2 * k16);
+      sm90::wgmma_commit();
+      sm90::fence_accumulators<NACC>(acc);
+      sm90::wgmma_wait<1>();
+      sm90::fence_accumulators<NACC>(acc);
+      // The MMAs of the previous k step have retired: its stage may be overwritten.
+      if (kb > 0) {
+        __syncwarp();
+        if (lane == 0) sm90::mbar_arrive(&empty[(it - 1) % STAGES]);
+      }
     }
-  }
-  sm90::wgmma_wait<0>();
-  sm90::fence_accumulators<NACC>(acc);
+    sm90::wgmma_wait<0>();
+    sm90::fence_accumulators<NACC>(acc);
+    __syncwarp();
+    if (lane == 0) sm90::mbar_arrive(&empty[(it - 1) % STAGES]);
 
-  // ---- epilogue: bias, activation (gate_up) or fp32 store (down), masked to the tile ----
-  const int r0 = c * 64 + warp * 16 + lane / 4;
+    // ---- epilogue: bias, activation (gate_up) or fp32 (down), two columns per store ----
+    const int r0 = c * 64 + warp * 16 + lane / 4;
+    const bool pairs = (p.N % 2) == 0;
 #pragma unroll
-  for (int i = 0; i < BN / 8; ++i) {
+    for (int i = 0; i < BN / 8; ++i) {
+      const int j = n0 + 8 * i + 2 * (lane % 4);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = r0 + (e >> 1) * 8;
-      const int j = n0 + 8 * i + 2 * (lane % 4) + (e & 1);
-      if (r < tile.rows && j < p.N) {
-        const float g0 = acc[4 * i + e];
-        const float g1 = kGroups == 2 ? acc[4 * (i + BN / 8) + e] : 0.f;
-        epilogue_store<T, kKind, kGroups>(p, tile.expert, tile.row_start + r, j, g0, g1);
+      for (int h = 0; h < 2; ++h) {
+        const int r = r0 + h * 8;
+        if (r >= tile.rows || j >= p.N) continue;
+        const float g0a = acc[4 * i + 2 * h], g0b = acc[4 * i + 2 * h + 1];
+        const float g1a = kGroups == 2 ? acc[4 * (i + BN / 8) + 2 * h] : 0.f;
+        const float g1b = kGroups == 2 ? acc[4 * (i + BN / 8) + 2 * h + 1] : 0.f;
+        const int pos = tile.row_start + r;
+        if (pairs && j + 1 < p.N) {
+          epilogue_store_pair<T, kKind, kGroups>(p, tile.expert, pos, j, g0a, g1a, g0b, g1b);
+        } else {
+          epilogue_store<T, kKind, kGroups>(p, tile.expert, pos, j, g0a, g1a);
+          if (j + 1 < p.N) epilogue_store<T, kKind, kGroups>(p, tile.expert, pos, j + 1, g0b, g1b);
+        }
       }
     }
   }

@@ -5,6 +5,7 @@
 // with the buffers they point to, which the workspace keeps fixed between replays).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -24,6 +25,16 @@ inline int wgmma_b_rows() {
   static const int v = [] {
     const char* e = std::getenv("MOEX_WGMMA_BN");
     return e && std::string(e) == "128" ? 128 : 256;
+  }();
+  return v;
+}
+
+// Tiles per raster group (work_item); MOEX_WGMMA_RASTER overrides it (measurements).
+inline int wgmma_raster() {
+  static const int v = [] {
+    const char* e = std::getenv("MOEX_WGMMA_RASTER");
+    int r = e ? std::atoi(e) : 0;
+    return r > 0 ? r : kWgmmaRasterTiles;
   }();
   return v;
 }
@@ -48,8 +59,11 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
       encode_tensor_map_2d(a.a_sorted, bf, a.a_rows, a.K, kWgmmaBM, kWgmmaBK);
   // B: one map over every expert's rows ([E * rows_per_expert, K]).
   const CUtensorMap mb = encode_tensor_map_2d(a.w, bf, a.w_rows_total, a.K, BN, kWgmmaBK);
-  dim3 grid(unsigned(a.max_tiles), unsigned((a.N + BN - 1) / BN));
-  kernel<<<grid, kWgmmaThreads, smem, stream>>>(ma, mb, to_params(a), int(rows_per_expert));
+  // Persistent: one CTA per SM (the shared-memory ring allows one), never more than the items.
+  const int64_t max_items = int64_t(a.max_tiles) * ((a.N + BN - 1) / BN);
+  dim3 grid(unsigned(std::min<int64_t>(max_items, device_info(current_device()).sm_count)));
+  kernel<<<grid, kWgmmaThreads, smem, stream>>>(ma, mb, to_params(a), int(rows_per_expert),
+                                                wgmma_raster());
   MOEX_CUDA_CHECK_LAUNCH(grouped_gemm_wgmma_kernel);
 }
 
