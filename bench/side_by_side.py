@@ -30,10 +30,10 @@ SHAPES = {
 }
 
 
-def run_moex(binary, shape, tokens, graph, env_extra=None):
+def run_moex(binary, shape, tokens, graph, backends="batched_mm,grouped_mm", extra=()):
     cmd = [binary, "bench", "experts", "--device", "cuda", "--shape", shape, "--dtype", "bfloat16",
            "--tokens", ",".join(str(t) for t in tokens), "--graph", graph, "--json",
-           "--backends", "batched_mm,grouped_mm"]
+           "--backends", backends] + list(extra)
     print("#", " ".join(cmd), flush=True)
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -96,6 +96,10 @@ def main():
     ap.add_argument("--compile", default="yes", choices=["yes", "no"])
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--json-out", default="")
+    ap.add_argument("--batched-max-tokens", type=int, default=1 << 30,
+                    help="time moex's batched_mm only up to this T (it streams one expert per pair, "
+                         "so it is minutes per call at large T on big experts)")
+    ap.add_argument("--moex-args", default="", help="extra arguments for moex bench, e.g. '--budget-s 1'")
     args = ap.parse_args()
     shapes = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -109,7 +113,11 @@ def main():
     all_rows = []
     for shape in shapes:
         E, k, H, I = SHAPES[shape]
-        moex_rows = run_moex(args.moex, shape, tokens, "both")
+        extra = args.moex_args.split()
+        small = [t for t in tokens if t <= args.batched_max_tokens]
+        moex_rows = run_moex(args.moex, shape, tokens, "both", "grouped_mm", extra)
+        if small:
+            moex_rows += run_moex(args.moex, shape, small, "both", "batched_mm", extra)
         hf = {}
         if not args.skip_hf:
             ex, cfg = make_hf_experts(E, H, I, torch)
