@@ -208,12 +208,24 @@ TEST(Linear, Bf16WeightsAccumulateInFloat32) {
 TEST(Router, SoftmaxTopKOrderTiesAndRenormalisation) {
   Tensor logits = Tensor::from_floats({0.f, 2.f, 2.f, -1.f, /**/ 3.f, 1.f, 0.f, 1.f}, {2, 4});
   Routing r = softmax_topk(logits, 2, false, DType::kF32);
-  EXPECT_EQ(r.top_k_index.to_int_vector(), (std::vector<int64_t>{1, 2, 0, 1}));  // tie -> lower id
+  EXPECT_EQ(r.top_k_index.to_int_vector(), (std::vector<int64_t>{1, 2, 0, 1}));  // as torch.topk
   const double z0 = 1 + 2 * std::exp(2.0) + std::exp(-1.0);
   EXPECT_NEAR(r.top_k_weights.item_double({0, 0}), std::exp(2.0) / z0, 1e-6);
   Routing n = softmax_topk(logits, 2, true, DType::kF32);
   EXPECT_NEAR(n.top_k_weights.item_double({0, 0}) + n.top_k_weights.item_double({0, 1}), 1.0, 1e-6);
   EXPECT_NEAR(n.top_k_weights.item_double({1, 0}), std::exp(3.0) / (std::exp(3.0) + std::exp(1.0)), 1e-6);
+}
+
+// The softmax routers pick ties as torch.topk on CPU does, not by lowest id: torch.topk(
+// [1, 2, 2, .5, 2], 2).indices is [2, 4] (checked against torch 2.11 on the GPU host, see
+// docs/arch_deepseek_v3_gpt_oss.md); a lowest-id rule gives [1, 2].
+TEST(Router, TopkRowsTiesAsTorch) {
+  const std::vector<float> v = {1.0f, 2.0f, 2.0f, 0.5f, 2.0f};
+  std::vector<int64_t> idx(2);
+  std::vector<float> val(2);
+  topk_rows(v.data(), 5, 2, idx.data(), val.data());
+  EXPECT_EQ(idx, (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(val, (std::vector<float>{2.0f, 2.0f}));
 }
 
 TEST(LoadExperts, FusesHubTensorsAsGateThenUp) {

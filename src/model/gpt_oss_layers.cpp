@@ -40,25 +40,6 @@ Tensor gpt_oss_rms_norm(const Tensor& x, const Tensor& w, float eps, DType act) 
   return out;
 }
 
-void torch_topk(const float* values, int64_t n, int64_t k, bool sorted, int64_t* idx_out, float* val_out) {
-  using Elem = std::pair<float, int64_t>;
-  std::vector<Elem> queue(static_cast<size_t>(n));
-  for (int64_t j = 0; j < n; ++j) queue[size_t(j)] = {values[j], j};
-  auto larger = [](const Elem& x, const Elem& y) {
-    return (std::isnan(x.first) && !std::isnan(y.first)) || x.first > y.first;
-  };
-  if (k * 64 <= n) {
-    std::partial_sort(queue.begin(), queue.begin() + k, queue.end(), larger);
-  } else {
-    std::nth_element(queue.begin(), queue.begin() + (k - 1), queue.end(), larger);
-    if (sorted) std::sort(queue.begin(), queue.begin() + (k - 1), larger);
-  }
-  for (int64_t j = 0; j < k; ++j) {
-    idx_out[j] = queue[size_t(j)].second;
-    if (val_out) val_out[j] = queue[size_t(j)].first;
-  }
-}
-
 Routing gpt_oss_route(const Tensor& logits, int64_t k, DType act) {
   const int64_t rows = logits.size(0), E = logits.size(1);
   Routing r;

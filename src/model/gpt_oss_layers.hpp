@@ -23,13 +23,6 @@ nlohmann::json gpt_oss_rope_config(const nlohmann::json& config);
 // x float32 [rows, dim] (act values); w [dim] of any float dtype. Returns a new tensor.
 Tensor gpt_oss_rms_norm(const Tensor& x, const Tensor& w, float eps, DType act);
 
-// torch.topk(largest=True) exactly as torch's CPU kernel picks it, ties included: (value, index)
-// pairs in index order, std::partial_sort when k * 64 <= n, else std::nth_element at k - 1 (then
-// std::sort of the first k - 1 when `sorted`), comparing values only (NaN counts as largest).
-// Routers need this: bf16 router logits tie often (gpt-oss fixture, layer 0, token 6), and the
-// chosen expert then decides the output. Used by the gpt-oss and DeepSeek routers; it could
-// replace ops.hpp's topk_rows (ties -> lower id) for every architecture.
-void torch_topk(const float* values, int64_t n, int64_t k, bool sorted, int64_t* idx_out, float* val_out);
 
 // GptOssTopKRouter after its linear: logits [rows, E] (act values) -> the k largest (as
 // torch.topk picks and orders them, see torch_topk) and softmax over those k values, rounded to act.

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <utility>
+#include <vector>
 
 #include "moex/error.hpp"
 
@@ -382,16 +384,27 @@ Tensor gated_mlp(const Tensor& x, const GatedMlp& mlp, DType act) {
   return linear(g, mlp.down, act);
 }
 
-void topk_rows(const float* scores, int64_t n, int64_t k, int64_t* idx_out, float* val_out) {
-  std::vector<int64_t> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t a, int64_t b) {
-    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-  });
-  for (int64_t j = 0; j < k; ++j) {
-    idx_out[j] = order[size_t(j)];
-    if (val_out) val_out[j] = scores[order[size_t(j)]];
+void torch_topk(const float* values, int64_t n, int64_t k, bool sorted, int64_t* idx_out, float* val_out) {
+  using Elem = std::pair<float, int64_t>;
+  std::vector<Elem> queue(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) queue[size_t(j)] = {values[j], j};
+  auto larger = [](const Elem& x, const Elem& y) {
+    return (std::isnan(x.first) && !std::isnan(y.first)) || x.first > y.first;
+  };
+  if (k * 64 <= n) {
+    std::partial_sort(queue.begin(), queue.begin() + k, queue.end(), larger);
+  } else {
+    std::nth_element(queue.begin(), queue.begin() + (k - 1), queue.end(), larger);
+    if (sorted) std::sort(queue.begin(), queue.begin() + (k - 1), larger);
   }
+  for (int64_t j = 0; j < k; ++j) {
+    idx_out[j] = queue[size_t(j)].second;
+    if (val_out) val_out[j] = queue[size_t(j)].first;
+  }
+}
+
+void topk_rows(const float* scores, int64_t n, int64_t k, int64_t* idx_out, float* val_out) {
+  torch_topk(scores, n, k, /*sorted=*/true, idx_out, val_out);
 }
 
 Routing softmax_topk(const Tensor& router_logits, int64_t k, bool norm_topk_prob, DType act) {

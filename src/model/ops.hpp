@@ -158,9 +158,16 @@ struct Routing {
   Tensor top_k_weights;
 };
 // Softmax router (Mixtral / Qwen-MoE / OLMoE): probs = softmax(logits) in float32, top-k (largest
-// first; ties -> lower id), optionally renormalised to sum 1 (norm_topk_prob), rounded to act.
+// first, ties as torch.topk on CPU), optionally renormalised to sum 1 (norm_topk_prob), rounded to act.
 Routing softmax_topk(const Tensor& router_logits, int64_t k, bool norm_topk_prob, DType act);
-// Plain top-k of scores [rows, n] (largest first, ties -> lower id): values and indices.
+// torch.topk(largest=True) exactly as torch's CPU kernel picks it, ties included: (value, index)
+// pairs in index order, std::partial_sort when k * 64 <= n, else std::nth_element at k - 1 (then
+// std::sort of the first k - 1 when `sorted`), comparing values only (NaN counts as largest).
+// Routers need this: bf16 router logits tie often (gpt-oss fixture, layer 0, token 6), and the
+// chosen expert then decides the output. Every router uses it (softmax_topk, gpt-oss, DeepSeek).
+void torch_topk(const float* values, int64_t n, int64_t k, bool sorted, int64_t* idx_out,
+                float* val_out);
+// torch.topk(scores, k) of one row (sorted, as the softmax routers call it): values and indices.
 void topk_rows(const float* scores, int64_t n, int64_t k, int64_t* idx_out, float* val_out);
 
 // Tensor names of one expert's projections under `<prefix>.<e>.`.
