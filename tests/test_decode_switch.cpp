@@ -4,6 +4,8 @@
 // never switches, and the caller's map is back after success and after an exception.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <map>
 #include <string>
 #include <vector>
@@ -45,6 +47,8 @@ struct Recorder {
   int64_t throw_at_decode_call = -1;  // throw on this decode call (T == 1), counted from 0
   int64_t decode_calls = 0;
   bool refuse_batched_mm = false;  // batched_mm says it cannot serve the experts
+  std::vector<std::string> prepares;        // backend name of every prepare() call
+  int64_t prepares_at_first_forward = -1;   // prepares.size() when the first forward ran
 };
 
 // Delegates to the real backend and records which name ran on how many tokens.
@@ -58,9 +62,12 @@ class RecordingBackend final : public ExpertsBackend {
     return inner_->unsupported_reason(s, d, dev);
   }
   std::unique_ptr<PreparedExperts> prepare(const ExpertsSpec& s, const ExpertsWeights& w) const override {
+    rec_->prepares.push_back(name_);
     return inner_->prepare(s, w);
   }
   void forward(const ExpertsProblem& p, Tensor& out) const override {
+    if (rec_->prepares_at_first_forward < 0)
+      rec_->prepares_at_first_forward = int64_t(rec_->prepares.size());
     rec_->calls.push_back({name_, p.tokens(), rec_->model ? rec_->model->get_experts_implementation()
                                                           : ExpertsImplementation{}});
     if (p.tokens() == 1 && rec_->decode_calls++ == rec_->throw_at_decode_call)
@@ -124,6 +131,21 @@ TEST_F(DecodeSwitch, FakeGpuFlipsGroupedMmForDecodeOnlyAndRestores) {
     }
   }
   EXPECT_EQ(lm->get_experts_implementation(), chosen);
+}
+
+// generate prepares both stages' backends before the prefill clock starts (packing used to be
+// counted as prefill time), once: a second generate prepares nothing.
+TEST_F(DecodeSwitch, PreparesBothStagesBeforeThePrefillOnce) {
+  auto lm = load(Device::fake_gpu(), {{"", "grouped_mm"}});
+  const int64_t modules = int64_t(lm->info().moe_layers.size());
+  (void)lm->generate(prompt(), options(3));
+  ASSERT_EQ(int64_t(rec_.prepares.size()), 2 * modules);
+  EXPECT_EQ(rec_.prepares_at_first_forward, 2 * modules);
+  EXPECT_EQ(std::count(rec_.prepares.begin(), rec_.prepares.end(), "grouped_mm"), modules);
+  EXPECT_EQ(std::count(rec_.prepares.begin(), rec_.prepares.end(), "batched_mm"), modules);
+  EXPECT_GT(lm->last_generation_stats().prepare_seconds, 0.0);
+  (void)lm->generate(prompt(), options(3));
+  EXPECT_EQ(int64_t(rec_.prepares.size()), 2 * modules);
 }
 
 TEST_F(DecodeSwitch, SwitchedDecodeGivesTheSameTokens) {

@@ -161,6 +161,9 @@ class Experts {
   const ExpertsWeights& weights() const { return weights_; }
   Tensor forward(std::string_view backend, const Tensor& hidden, const Tensor& top_k_index,
                  const Tensor& top_k_weights) const;
+  // Runs the backend's one-time preparation (weight packing, workspaces) now instead of at the
+  // first forward; a no-op when it is cached already. Models call it before timing a generate.
+  void prepare(std::string_view backend) const;
 
  private:
   ExpertsSpec spec_;

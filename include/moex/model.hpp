@@ -84,6 +84,9 @@ struct GenerationStats {
   int64_t new_tokens = 0;     // per sequence
   double prefill_seconds = 0;
   double decode_seconds = 0;  // every step after the prefill, including the token choice
+  // One-time experts preparation (weight packing, device workspaces) for the prefill's and the
+  // decode stage's backends, done before the prefill clock starts; 0 once everything is cached.
+  double prepare_seconds = 0;
 };
 
 struct ModelInfo {
@@ -142,6 +145,8 @@ class CausalLM {
   void register_experts_module(const std::string& key, const Experts* experts);
   // Called last by the architecture's constructor: applies `requested` on top of the defaults.
   void init_experts_implementation(const ExpertsImplementation& requested);
+  // Prepares every registered experts module for the backend `map` names for its sub-config.
+  void prepare_experts(const ExpertsImplementation& map) const;
 
   // Forward of `tokens` (B rows of step.tokens ids, row-major) at positions step.past.. using
   // and extending `cache`. Returns float32 logits [B * step.tokens, V], or [B, V] (the last

@@ -50,6 +50,7 @@ int run_generate(const std::vector<std::string>& argv) {
   j["sequences"] = {seq.to_int_vector()};
   j["prompt_tokens"] = s.prompt_tokens;
   j["new_tokens"] = s.new_tokens;
+  j["prepare_seconds"] = s.prepare_seconds;
   j["prefill_seconds"] = s.prefill_seconds;
   j["decode_seconds"] = s.decode_seconds;
   // Decode rate: tokens after the first (which the prefill produced) over the decode time.

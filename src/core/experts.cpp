@@ -201,20 +201,36 @@ Experts::Experts(ExpertsSpec spec, ExpertsWeights weights)
   validate_experts_weights(spec_, weights_);
 }
 
+namespace {
+std::shared_ptr<PreparedExperts> cached_prepare(PreparedCache& cache,
+                                                const std::shared_ptr<const ExpertsBackend>& b,
+                                                const ExpertsSpec& spec,
+                                                const ExpertsWeights& weights) {
+  std::lock_guard<std::mutex> lock(cache.mu);
+  auto it = cache.entries.find(b.get());
+  if (it == cache.entries.end())
+    it = cache.entries
+             .emplace(b.get(), std::make_pair(b, std::shared_ptr<PreparedExperts>(
+                                                      b->prepare(spec, weights))))
+             .first;
+  return it->second.second;
+}
+}  // namespace
+
+void Experts::prepare(std::string_view backend) const {
+  auto b = get_experts_backend(backend);
+  const Device dev = weights_.gate_up.device();
+  if (std::string why = b->unsupported_reason(spec_, weights_.gate_up.dtype(), dev); !why.empty())
+    throw Unsupported("experts backend '" + std::string(backend) + "' cannot prepare " +
+                      spec_.str() + ": it " + why);
+  (void)cached_prepare(*cache_, b, spec_, weights_);
+}
+
 Tensor Experts::forward(std::string_view backend, const Tensor& hidden, const Tensor& idx,
                         const Tensor& tw) const {
   auto b = get_experts_backend(backend);
   ExpertsProblem p = make_problem(*b, backend, spec_, weights_, hidden, idx, tw);
-  std::shared_ptr<PreparedExperts> prepared;
-  {
-    std::lock_guard<std::mutex> lock(cache_->mu);
-    auto it = cache_->entries.find(b.get());
-    if (it == cache_->entries.end())
-      it = cache_->entries.emplace(b.get(), std::make_pair(b, std::shared_ptr<PreparedExperts>(
-                                                                  b->prepare(spec_, weights_))))
-               .first;
-    prepared = it->second.second;
-  }
+  std::shared_ptr<PreparedExperts> prepared = cached_prepare(*cache_, b, spec_, weights_);
   p.prepared = prepared.get();
   Tensor out = Tensor::empty({p.tokens(), spec_.hidden}, hidden.dtype(), hidden.device());
   b->forward(p, out);

@@ -108,6 +108,11 @@ void CausalLM::init_experts_implementation(const ExpertsImplementation& requeste
   impl_ = resolve(requested, base);
 }
 
+void CausalLM::prepare_experts(const ExpertsImplementation& map) const {
+  for (const auto& [key, module] : experts_modules_)
+    if (auto it = map.find(key); it != map.end()) module->prepare(it->second);
+}
+
 void CausalLM::set_experts_implementation(const std::string& backend) {
   impl_ = resolve({{"", backend}}, impl_);
 }

@@ -93,7 +93,18 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   model::KVCache cache(B, info_.num_layers);
   using Clock = std::chrono::steady_clock;
   stats_ = GenerationStats{B, T, 0, 0.0, 0.0};
+  // Pack / allocate once, outside the timed stages, for both stages' backends (a decode backend
+  // that cannot serve these experts is skipped here as it is below).
+  auto tp = Clock::now();
+  prepare_experts(impl_);
+  if (options.max_new_tokens > 1) {
+    try {
+      prepare_experts(decode_stage_experts_implementation(impl_, info_.device));
+    } catch (const Unsupported&) {
+    }
+  }
   auto t0 = Clock::now();
+  stats_.prepare_seconds = std::chrono::duration<double>(t0 - tp).count();
   Tensor logits;
   if (options.max_new_tokens > 0) logits = forward(prompt, model::Step{B, T, 0}, cache, true);
   auto t1 = Clock::now();
