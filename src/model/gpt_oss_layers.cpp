@@ -66,22 +66,8 @@ Routing gpt_oss_route(const Tensor& logits, int64_t k, DType act) {
 Tensor gpt_oss_attention(const Tensor& q, const Tensor& k, const Tensor& v, LayerKV& kv, const Step& step,
                          const AttentionSpec& spec, DType act) {
   if (act == DType::kF32) return attention(q, k, v, kv, step, spec, act);
-  // Same cache layout as ops.hpp's attention() (per sequence, one row of kv_heads * head_dim per
-  // position), appended here because attention() cannot append without also attending.
+  append_kv(k, v, kv, step, spec);  // the cache layout of ops.hpp's attention()
   const int64_t kd = spec.kv_heads * spec.head_dim_k, vd = spec.kv_heads * spec.head_dim_v;
-  if (kv.k.size() != size_t(step.batch)) {
-    kv.k.assign(size_t(step.batch), {});
-    kv.v.assign(size_t(step.batch), {});
-  }
-  kv.k_dim = kd;
-  kv.v_dim = vd;
-  const float* K = k.data<float>();
-  const float* V = v.data<float>();
-  for (int64_t r = 0; r < step.rows(); ++r) {
-    const int64_t b = r / step.tokens;
-    kv.k[size_t(b)].insert(kv.k[size_t(b)].end(), K + r * kd, K + (r + 1) * kd);
-    kv.v[size_t(b)].insert(kv.v[size_t(b)].end(), V + r * vd, V + (r + 1) * vd);
-  }
   const int64_t group = spec.heads / spec.kv_heads;
   const int64_t qd = spec.heads * spec.head_dim_k, od = spec.heads * spec.head_dim_v;
   Tensor out = new_act(step.rows(), od);

@@ -292,8 +292,8 @@ void apply_rope(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, c
 
 // ---- attention ----
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, LayerKV& kv, const Step& step,
-                 const AttentionSpec& spec, DType act) {
+void append_kv(const Tensor& k, const Tensor& v, LayerKV& kv, const Step& step,
+               const AttentionSpec& spec) {
   const int64_t kd = spec.kv_heads * spec.head_dim_k, vd = spec.kv_heads * spec.head_dim_v;
   if (kv.k.size() != size_t(step.batch)) {
     kv.k.assign(size_t(step.batch), {});
@@ -308,6 +308,12 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, LayerKV& kv,
     kv.k[size_t(b)].insert(kv.k[size_t(b)].end(), K + r * kd, K + (r + 1) * kd);
     kv.v[size_t(b)].insert(kv.v[size_t(b)].end(), V + r * vd, V + (r + 1) * vd);
   }
+}
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, LayerKV& kv, const Step& step,
+                 const AttentionSpec& spec, DType act) {
+  append_kv(k, v, kv, step, spec);
+  const int64_t kd = spec.kv_heads * spec.head_dim_k, vd = spec.kv_heads * spec.head_dim_v;
 
   const int64_t group = spec.heads / spec.kv_heads;
   const int64_t qd = spec.heads * spec.head_dim_k, od = spec.heads * spec.head_dim_v;

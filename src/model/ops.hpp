@@ -132,6 +132,10 @@ struct AttentionSpec {
   const Tensor* sinks = nullptr;  // [heads] per-head sink logits (gpt-oss), or null
 };
 
+// Appends k [rows, kv_heads*head_dim_k] and v [rows, kv_heads*head_dim_v] to each sequence's
+// cache in `kv` (one row per position); attention() starts with it, variants reuse it.
+void append_kv(const Tensor& k, const Tensor& v, LayerKV& kv, const Step& step,
+               const AttentionSpec& spec);
 // Appends k [rows, kv_heads*head_dim_k] and v [rows, kv_heads*head_dim_v] to `kv`, then runs
 // causal attention of q [rows, heads*head_dim_k] over everything cached for each sequence.
 // Scores and softmax in float32 (sinks join the softmax denominator and are then dropped);
