@@ -162,6 +162,25 @@ TEST_P(EnginePath, LongReductionManyRows) {
   }
 }
 
+// A per-slot result buffer above the engine's streaming threshold (16 MiB: T * k * H * 4 bytes),
+// so down writes it with non-temporal stores; H = 1008 also leaves a partial last column block
+// (written with ordinary stores), H = 1001 (rows not line-aligned) must fall back to ordinary
+// stores.
+TEST_P(EnginePath, LargeBatchStreamedSlotRows) {
+  uint64_t seed = 7980;
+  for (int64_t H : {1008, 1001})
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Case c;
+    c.E = 4;
+    c.k = 4;
+    c.T = 1100;
+    c.H = H;
+    c.I = 40;
+    c.bias = dt == DType::kF32;
+    check(GetParam(), c, dt, ++seed);
+  }
+}
+
 std::string path_param_name(const ::testing::TestParamInfo<KernelPath>& info) {
   return std::string(cpu::kernel_path_name(info.param));
 }
@@ -261,15 +280,17 @@ TEST(CpuEngine, PathSelectionAndErrors) {
 }
 
 // The split of work over threads must not change a single bit (slot-ordered combine).
+// The second shape is large enough for the streamed per-slot rows (T * k * H * 4 >= 16 MiB).
 TEST(CpuEngine, ResultIndependentOfThreadCount) {
   const uint64_t seed = 8200;
-  ExpertsSpec s;
-  s.num_experts = 8;
-  s.hidden = 64;
-  s.intermediate = 48;
+  for (int64_t T : {100, 1100})
   for (DType dt : {DType::kBF16, DType::kF32}) {
+    ExpertsSpec s;
+    s.num_experts = 8;
+    s.hidden = T > 100 ? 1008 : 64;
+    s.intermediate = 48;
     ExpertsWeights w = random_experts_weights(s, dt, seed);
-    Routing r = random_routing(s, 100, 4, dt, seed, RoutingCase::kDuplicates);
+    Routing r = random_routing(s, T, 4, dt, seed, RoutingCase::kDuplicates);
     auto p = cpu::prepare_cpu_experts(s, w, cpu::best_kernel_path());
     const int saved = omp_get_max_threads();
     omp_set_num_threads(1);

@@ -1,10 +1,12 @@
 #!/bin/sh
-# Builds the CPU kernel lab against the objects of a CPU build directory (default build-cpu:
-# `ninja -C build-cpu moex` first; only src/core and src/cpu objects are needed).
+# Builds the CPU kernel labs against the objects of a CPU build directory (default build-cpu:
+# `ninja -C build-cpu moex` first; only src/core and src/cpu objects are needed); amx_lab is
+# standalone.
 set -e
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build-cpu}
 objs=$(find "$build/CMakeFiles/moex.dir/src/core" "$build/CMakeFiles/moex.dir/src/cpu" -name '*.o')
 g++ -std=c++20 -O2 -fopenmp -I"$root/include" -I"$root/src" "$root/lab/cpu/experts_lab.cpp" $objs \
   -o "$build/experts_lab"
-echo "$build/experts_lab"
+g++ -std=c++20 -O2 "$root/lab/cpu/amx_lab.cpp" -o "$build/amx_lab"  # standalone, no engine objects
+echo "$build/experts_lab $build/amx_lab"

@@ -8,6 +8,7 @@
 #include <new>
 #include <string>
 
+#include "cpu/big_alloc.hpp"
 #include "moex/error.hpp"
 
 namespace moex::cpu {
@@ -126,7 +127,8 @@ KernelSet kernel_set(KernelPath path, DType dt) {
       case KernelPath::kAvx2: one(kernels::gemm_f32_avx2, "avx2"); break;
       default:
         one(kernels::gemm_f32_avx512, "avx512");
-        s.gated_silu = kernels::gated_silu_row_avx512;
+        s.gated_silu = kernels::gated_silu_rows_f32_avx512;
+        s.sum_rows = kernels::sum_rows_f32_avx512;
         break;
     }
     return s;
@@ -143,8 +145,10 @@ KernelSet kernel_set(KernelPath path, DType dt) {
       s.name = "amx+avx512bf16";
       break;
   }
-  if (path == KernelPath::kAvx512 || path == KernelPath::kAvx512Bf16 || path == KernelPath::kAmx)
-    s.gated_silu = kernels::gated_silu_row_avx512;
+  if (path == KernelPath::kAvx512 || path == KernelPath::kAvx512Bf16 || path == KernelPath::kAmx) {
+    s.gated_silu = kernels::gated_silu_rows_bf16_avx512;
+    s.sum_rows = kernels::sum_rows_bf16_avx512;
+  }
   return s;
 }
 
@@ -162,9 +166,9 @@ namespace {
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 std::shared_ptr<void> aligned_zeroed(size_t bytes) {
-  void* p = ::operator new(bytes == 0 ? 64 : bytes, std::align_val_t(64));
+  void* p = big_alloc(bytes);
   std::memset(p, 0, bytes);
-  return std::shared_ptr<void>(p, [](void* q) { ::operator delete(q, std::align_val_t(64)); });
+  return std::shared_ptr<void>(p, [bytes](void* q) { big_free(q, bytes); });
 }
 
 // One logical weight matrix of an expert: value(n, c) for n < N rows (output columns of y) and

@@ -20,7 +20,9 @@
 // - Contributions of the k slots of a token land in a per-slot fp32 buffer and are summed in slot
 //   order j = 0..k-1 at the end, so results do not depend on threads or grouping.
 // - Scratch lives in a per-calling-thread workspace that only grows: no allocation per call once
-//   the largest shape has been seen.
+//   the largest shape has been seen. Packed weights and large scratch use 2 MiB pages
+//   (big_alloc.hpp); a large per-slot buffer is written with non-temporal stores.
+// - Epilogues (gated SiLU, combine) are vectorized and write the activation dtype directly.
 #pragma once
 
 #include <cstdint>
@@ -55,7 +57,9 @@ struct KernelSet {
   kernels::GemmFn small = nullptr;  // row chunks of at most small_max_rows rows
   kernels::GemmFn large = nullptr;  // longer row chunks
   int small_max_rows = 0;
-  kernels::GatedRowFn gated_silu = nullptr;  // vectorized SiLU epilogue, null: scalar
+  kernels::GatedRowsFn gated_silu = nullptr;  // vectorized SiLU epilogue (writes the
+                                              // activation dtype), null: scalar
+  kernels::SumRowsFn sum_rows = nullptr;      // vectorized combine, null: scalar
   std::string_view name;            // e.g. "amx+avx512bf16", "avx512"
 };
 KernelSet kernel_set(KernelPath path, DType weight_dtype);

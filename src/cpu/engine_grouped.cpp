@@ -5,6 +5,7 @@
 // One OpenMP region per call; a phase starts when every item of the previous one is done
 // (completion counters, not thread barriers), and items are handed out by guided
 // self-scheduling. The result does not depend on which thread did what.
+#include <immintrin.h>  // SSE2 streaming stores (baseline x86-64)
 #include <omp.h>
 #include <sched.h>
 
@@ -16,13 +17,14 @@
 #include <new>
 
 #include "core/activation.hpp"
+#include "cpu/big_alloc.hpp"
 #include "cpu/engine.hpp"
 
 namespace moex::cpu {
 namespace {
 
-// A grow-only, 64-byte aligned buffer: a workspace reaches the largest size it has been asked for
-// and then never allocates again.
+// A grow-only, 64-byte aligned buffer (huge pages from 2 MiB on, big_alloc.hpp): a workspace
+// reaches the largest size it has been asked for and then never allocates again.
 class GrowBuffer {
  public:
   ~GrowBuffer() { release(); }
@@ -30,7 +32,7 @@ class GrowBuffer {
     if (bytes > cap_) {
       release();
       cap_ = std::max(bytes, cap_ + cap_ / 2);
-      ptr_ = ::operator new(cap_, std::align_val_t(64));
+      ptr_ = big_alloc(cap_);
       // Rows past the last one may be read by whole-tile loads (kernels.hpp); keep them finite.
       std::memset(ptr_, 0, cap_);
     }
@@ -39,7 +41,7 @@ class GrowBuffer {
 
  private:
   void release() {
-    if (ptr_) ::operator delete(ptr_, std::align_val_t(64));
+    big_free(ptr_, cap_);
     ptr_ = nullptr;
     cap_ = 0;
   }
@@ -67,6 +69,8 @@ constexpr int64_t kPanelRows = 256;
 // Padding of activation rows: a row stride that is a multiple of 4 KiB maps the rows of a
 // register block onto one L1 set (thrashing); one extra cache line per row spreads them.
 constexpr int64_t kRowPadBytes = 64;
+// Slots per token the vectorized combine takes (larger top_k: the scalar combine).
+constexpr int64_t kMaxTopK = 64;
 
 // Guided self-scheduling of [0, total): each grab takes a contiguous range of about
 // remaining / (2 * threads) items (at least min_grain), so ranges start large (long sequential
@@ -128,7 +132,13 @@ struct CallContext {
   void* hb;      // activated intermediate [rows + slack, h_ld]
   int64_t h_ld;
   float* ybuf;   // [T*k, H]
+  // Down writes ybuf with non-temporal stores when it is far larger than the L2: the per-row
+  // 128-byte pieces otherwise cost a read-for-ownership each (a quarter of the down phase at
+  // T = 4096, measured); small (decode) buffers stay cached for the combine.
+  bool stream_y;
 };
+// ybuf size from which down streams its stores (and H must be a multiple of 16).
+constexpr size_t kStreamYBytes = size_t(16) << 20;
 
 // Scratch for one kernel call's fp32 results (32 x 32).
 constexpr int64_t kUnitScratchFloats = kernels::kMaxRows * kernels::kBlockCols;
@@ -145,6 +155,10 @@ void run_unit(const KernelSet& ks, const void* a, int64_t lda, size_t elem, cons
   const int64_t chunks = (ae.rows + kernels::kMaxRows - 1) / kernels::kMaxRows;
   const int64_t block_bytes = 2 * panel_stride * int64_t(elem);
   const int64_t piece = (block_bytes / chunks + 63) / 64 * 64;
+  // The kernel is chosen by the panel's rows, not the chunk's: the few-row tail of a larger
+  // panel (68 rows = 32 + 32 + 4) would cost a VDPBF16PS pass over the whole block, about as
+  // long as a 32-row AMX call, while AMX does it with one 16-row tile.
+  const kernels::GemmFn fn = ae.rows <= ks.small_max_rows ? ks.small : ks.large;
   for (int64_t r0 = 0, ci = 0; r0 < ae.rows; r0 += kernels::kMaxRows, ++ci) {
     const int m = int(std::min<int64_t>(kernels::kMaxRows, ae.rows - r0));
     kernels::GemmArgs g;
@@ -160,7 +174,7 @@ void run_unit(const KernelSet& ks, const void* a, int64_t lda, size_t elem, cons
       g.prefetch = static_cast<const char*>(next_b) + ci * piece;
       g.prefetch_bytes = std::min(piece, block_bytes - ci * piece);
     }
-    (m <= ks.small_max_rows ? ks.small : ks.large)(g);
+    fn(g);
     epilogue(c, m, ae.row0 + r0);
   }
 }
@@ -172,7 +186,7 @@ void gate_up_phase(const CallContext& cx, WorkQueue& q, float* c) {
   const PackedMatrices& W = p.gate_up;
   const int64_t blocks = W.n_pad / kernels::kBlockCols, I = s.intermediate;
   T* h = static_cast<T*>(cx.hb);
-  const kernels::GatedRowFn silu_vec = s.act == Activation::kSilu ? p.kernels.gated_silu : nullptr;
+  const kernels::GatedRowsFn silu_vec = s.act == Activation::kSilu ? p.kernels.gated_silu : nullptr;
   int64_t u0, u1;
   while (q.grab(&u0, &u1)) {
   for (int64_t u = u0; u < u1; ++u) {
@@ -184,14 +198,16 @@ void gate_up_phase(const CallContext& cx, WorkQueue& q, float* c) {
     const void* next = u + 1 < u1 ? W.block(cx.act[(u + 1) / blocks].e, (u + 1) % blocks) : nullptr;
     run_unit(p.kernels, cx.xa, cx.xa_ld, sizeof(T), W.block(ae.e, blk), W.panel_stride, W.k_pad,
              ae, c, next, [&](const float* cc, int m, int64_t row) {
+      if (s.has_gate && silu_vec) {  // all m rows in one vectorized call
+        const int64_t c0 = blk * kernels::kPanelCols;
+        silu_vec(cc, m, bias, int(std::clamp<int64_t>(I - c0, 0, kernels::kPanelCols)),
+                 h + row * cx.h_ld + c0, cx.h_ld);
+      }
       for (int r = 0; r < m; ++r) {
         const float* cr = cc + r * kernels::kBlockCols;
         T* hr = h + (row + r) * cx.h_ld;
         if (s.has_gate && silu_vec) {
-          alignas(64) float v[kernels::kPanelCols];
-          silu_vec(cr, bias, v);
-          const int64_t c0 = blk * kernels::kPanelCols;
-          for (int i = 0; i < kernels::kPanelCols; ++i) store_as(hr + c0 + i, c0 + i < I ? v[i] : 0.f);
+          // Written above for all m rows at once; only the K padding below remains.
         } else if (s.has_gate) {
           // [16 gate | 16 up] of intermediate columns blk*16 .. blk*16+15
           for (int i = 0; i < kernels::kPanelCols; ++i) {
@@ -250,7 +266,15 @@ void down_phase(const CallContext& cx, WorkQueue& q, float* c) {
         const float* cr = cc + r * kernels::kBlockCols;
         const float w = cx.row_weight[row + r];
         float* y = cx.ybuf + int64_t(cx.row_slot[row + r]) * H + n0;
-        if (bias) {
+        if (cx.stream_y && ncols == kernels::kBlockCols) {
+          // 128 aligned bytes = two whole lines: written without reading them first.
+          const __m128 wv = _mm_set1_ps(w);
+          for (int i = 0; i < kernels::kBlockCols; i += 4) {
+            __m128 v = _mm_loadu_ps(cr + i);
+            if (bias) v = _mm_add_ps(v, _mm_loadu_ps(bias + i));
+            _mm_stream_ps(y + i, _mm_mul_ps(wv, v));
+          }
+        } else if (bias) {
           for (int i = 0; i < ncols; ++i) y[i] = w * (cr[i] + bias[i]);
         } else {
           for (int i = 0; i < ncols; ++i) y[i] = w * cr[i];
@@ -258,6 +282,7 @@ void down_phase(const CallContext& cx, WorkQueue& q, float* c) {
       }
     });
   }
+  if (cx.stream_y) _mm_sfence();  // the streamed rows are visible before the range counts done
   q.finish(u1 - u0);
   }
 }
@@ -327,6 +352,9 @@ void run_typed(const PreparedCpuExperts& p, const ExpertsProblem& pr, Tensor& ou
   cx.h_ld = p.h_ld + kRowPadBytes / int64_t(sizeof(T));
   cx.hb = ws.hb.get(slack_rows * size_t(cx.h_ld) * sizeof(T));
   cx.ybuf = static_cast<float*>(ws.ybuf.get(sizeof(float) * size_t(slots * H)));
+  // Rows must start on a cache line (H % 16 == 0) for the streamed pieces to be whole, aligned
+  // lines (movntps also faults on a misaligned address).
+  cx.stream_y = sizeof(float) * size_t(slots * H) >= kStreamYBytes && H % 16 == 0;
   const T* hidden = pr.hidden.data<T>();
   T* o = out.data<T>();
   // MOEX_CPU_PROFILE=1 prints the time of each phase (kernel lab use; off by default).
@@ -367,6 +395,14 @@ void run_typed(const PreparedCpuExperts& p, const ExpertsProblem& pr, Tensor& ou
     int64_t t0, t1;
     while (queues[3].grab(&t0, &t1))
     for (int64_t t = t0; t < t1; ++t) {
+      if (p.kernels.sum_rows && k <= kMaxTopK) {
+        const float* src[kMaxTopK];
+        int n = 0;
+        for (int64_t j = 0; j < k; ++j)
+          if (id_of(t * k + j) < E) src[n++] = cx.ybuf + (t * k + j) * H;
+        p.kernels.sum_rows(src, n, H, o + t * H);
+        continue;
+      }
       for (int64_t n0 = 0; n0 < H; n0 += kChunk) {
         const int64_t nc = std::min(kChunk, H - n0);
         float acc[kChunk];

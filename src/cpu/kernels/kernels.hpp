@@ -57,10 +57,23 @@ void gemm_f32_portable(const GemmArgs& g);
 void gemm_f32_avx2(const GemmArgs& g);
 void gemm_f32_avx512(const GemmArgs& g);
 
-// Gated SiLU epilogue of one packed row: out[i] = silu(c[i] + b[i]) * (c[16 + i] + b[16 + i]),
-// i < 16; bias may be null (then b = 0).
-using GatedRowFn = void (*)(const float* c, const float* bias, float* out);
-void gated_silu_row_avx512(const float* c, const float* bias, float* out);
+// Gated SiLU epilogue of m rows of one fp32 result block (row stride kBlockCols, each row
+// [16 gate | 16 up]): out[r * ldo + i] = silu(c[r][i] + b[i]) * (c[r][16 + i] + b[16 + i]) for
+// i < valid (<= 16), 0 for valid <= i < 16; bias may be null (then b = 0). The _bf16 variant
+// writes bf16 rounded to nearest even exactly like float_to_bf16 (integer rounding, not
+// VCVTNEPS2BF16, which treats denormals as zero), the _f32 variant fp32. Whole rows with vector
+// stores: the scalar per-element conversion took about half the gate_up phase (docs/cpu.md).
+using GatedRowsFn = void (*)(const float* c, int m, const float* bias, int valid, void* out,
+                             int64_t ldo);
+void gated_silu_rows_bf16_avx512(const float* c, int m, const float* bias, int valid, void* out,
+                                 int64_t ldo);
+void gated_silu_rows_f32_avx512(const float* c, int m, const float* bias, int valid, void* out,
+                                int64_t ldo);
+// out[i] = ((0 + rows[0][i]) + rows[1][i]) + ... (in order), i < len, as bf16 (rounded like
+// float_to_bf16) or fp32: the combine of a token's slots. n may be 0 (zeros).
+using SumRowsFn = void (*)(const float* const* rows, int n, int64_t len, void* out);
+void sum_rows_bf16_avx512(const float* const* rows, int n, int64_t len, void* out);
+void sum_rows_f32_avx512(const float* const* rows, int n, int64_t len, void* out);
 
 // AMX needs the kernel's permission to use tile data (Linux arch_prctl) once per process and a
 // tile configuration per thread; amx_request_permission returns false when either is refused.
