@@ -34,32 +34,12 @@ namespace {
 
 
 Tensor on_gpu(const Tensor& t) { return t.defined() ? t.to(Device::cuda()) : t; }
-ExpertsWeights weights_on_gpu(const ExpertsWeights& w) {
-  ExpertsWeights g;
-  g.gate_up = on_gpu(w.gate_up);
-  g.down = on_gpu(w.down);
-  g.gate_up_bias = on_gpu(w.gate_up_bias);
-  g.down_bias = on_gpu(w.down_bias);
-  return g;
-}
+ExpertsWeights weights_on_gpu(const ExpertsWeights& w) { return experts_weights_to(w, Device::cuda()); }
 
 void check_case(const std::string& backend, const ExpertsSpec& s, DType dt, int64_t T, int64_t k,
                 RoutingCase rc, uint64_t seed, bool per_expert = false,
                 DType idx_dt = DType::kI64) {
-  ExpertsWeights w = random_experts_weights(s, dt, seed);
-  Routing r = random_routing(s, T, k, dt, seed, rc, per_expert, idx_dt);
-  Tensor ref = experts_reference_f64(s, w, r.hidden, r.top_k_index, r.top_k_weights);
-  Tensor out = experts_forward(backend, s, weights_on_gpu(w), on_gpu(r.hidden),
-                               on_gpu(r.top_k_index), on_gpu(r.top_k_weights));
-  ASSERT_TRUE(out.device().is_cuda());
-  ASSERT_EQ(out.shape(), (Shape{T, s.hidden}));
-  ASSERT_EQ(out.dtype(), dt);
-  double err = rel_l2_error(out.to(Device::cpu()), ref);
-  double tol = experts_tolerance(dt, std::max(s.hidden, s.intermediate));
-  EXPECT_LE(err, tol) << "backend=" << backend << " spec=" << s.str() << " dtype="
-                      << dtype_name(dt) << " T=" << T << " k=" << k
-                      << " routing=" << routing_case_name(rc) << " per_expert=" << per_expert
-                      << " seed=" << seed;
+  check_experts_case(Device::cuda(), backend, s, dt, T, k, rc, seed, per_expert, idx_dt);
 }
 
 class CudaConsistency : public ::testing::TestWithParam<std::string> {};

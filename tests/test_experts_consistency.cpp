@@ -17,18 +17,7 @@ namespace {
 void check_case(const std::string& backend, const ExpertsSpec& s, DType dt, int64_t T, int64_t k,
                 RoutingCase rc, uint64_t seed, bool per_expert = false,
                 DType idx_dt = DType::kI64) {
-  ExpertsWeights w = random_experts_weights(s, dt, seed);
-  Routing r = random_routing(s, T, k, dt, seed, rc, per_expert, idx_dt);
-  Tensor ref = experts_reference_f64(s, w, r.hidden, r.top_k_index, r.top_k_weights);
-  Tensor out = experts_forward(backend, s, w, r.hidden, r.top_k_index, r.top_k_weights);
-  ASSERT_EQ(out.shape(), (Shape{T, s.hidden}));
-  ASSERT_EQ(out.dtype(), dt);
-  double err = rel_l2_error(out, ref);
-  double tol = experts_tolerance(dt, std::max(s.hidden, s.intermediate));
-  EXPECT_LE(err, tol) << "backend=" << backend << " spec=" << s.str() << " dtype="
-                      << dtype_name(dt) << " T=" << T << " k=" << k
-                      << " routing=" << routing_case_name(rc) << " per_expert=" << per_expert
-                      << " seed=" << seed;
+  check_experts_case(Device::cpu(), backend, s, dt, T, k, rc, seed, per_expert, idx_dt);
 }
 
 class Consistency : public ::testing::TestWithParam<std::string> {};

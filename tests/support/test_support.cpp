@@ -7,6 +7,7 @@
 #include <fstream>
 #include <random>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "moex/safetensors.hpp"
@@ -180,6 +181,35 @@ ExpertsFixture load_experts_fixture(const std::string& model) {
 
 std::string data_path(const std::string& relative) {
   return std::string(MOEX_TEST_DATA) + "/" + relative;
+}
+
+ExpertsWeights experts_weights_to(const ExpertsWeights& w, Device device) {
+  auto to = [&](const Tensor& t) { return t.defined() ? t.to(device) : t; };
+  ExpertsWeights g = w;
+  g.gate_up = to(w.gate_up);
+  g.down = to(w.down);
+  g.gate_up_bias = to(w.gate_up_bias);
+  g.down_bias = to(w.down_bias);
+  return g;
+}
+
+void check_experts_case(Device device, const std::string& backend, const ExpertsSpec& s,
+                        DType dt, int64_t T, int64_t k, RoutingCase rc, uint64_t seed,
+                        bool per_expert, DType idx_dt) {
+  ExpertsWeights w = random_experts_weights(s, dt, seed);
+  Routing r = random_routing(s, T, k, dt, seed, rc, per_expert, idx_dt);
+  Tensor ref = experts_reference_f64(s, w, r.hidden, r.top_k_index, r.top_k_weights);
+  Tensor out = experts_forward(backend, s, experts_weights_to(w, device), r.hidden.to(device),
+                               r.top_k_index.to(device), r.top_k_weights.to(device));
+  ASSERT_EQ(out.device(), device);
+  ASSERT_EQ(out.shape(), (Shape{T, s.hidden}));
+  ASSERT_EQ(out.dtype(), dt);
+  const double err = rel_l2_error(out.to(Device::cpu()), ref);
+  const double tol = experts_tolerance(dt, std::max(s.hidden, s.intermediate));
+  EXPECT_LE(err, tol) << "backend=" << backend << " device=" << device.str()
+                      << " spec=" << s.str() << " dtype=" << dtype_name(dt) << " T=" << T
+                      << " k=" << k << " routing=" << routing_case_name(rc)
+                      << " per_expert=" << per_expert << " seed=" << seed;
 }
 
 }  // namespace moex::test

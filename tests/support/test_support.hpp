@@ -50,6 +50,17 @@ Routing random_routing(const ExpertsSpec& spec, int64_t tokens, int64_t top_k, D
 using moex::experts_tolerance;
 using moex::rel_l2_error;
 
+// The weights (and biases) copied to `device`.
+ExpertsWeights experts_weights_to(const ExpertsWeights& w, Device device);
+
+// One consistency case, the check every backend suite runs: seeded weights and routing, the
+// backend's output on `device` against experts_reference_f64 at experts_tolerance (gtest
+// assertions; the message names the case and its seed).
+void check_experts_case(Device device, const std::string& backend, const ExpertsSpec& spec,
+                        DType dtype, int64_t tokens, int64_t top_k, RoutingCase routing,
+                        uint64_t seed, bool per_expert_weights = false,
+                        DType index_dtype = DType::kI64);
+
 // The first MoE layer's experts of a fixture checkpoint (tests/data/hf-tiny/<model>), read as the
 // hub stores them (per-expert tensors stacked; gpt_oss fused), fp32, with the spec from meta.json.
 struct ExpertsFixture {
