@@ -114,7 +114,7 @@ class CacheEvictor {
     uint64_t s = 0;
 #pragma omp parallel for reduction(+ : s) schedule(static)
     for (size_t i = 0; i < buf_.size(); i += 8) s += buf_[i]++;
-    sink_ += s;
+    sink_ = sink_ + s;
   }
 
  private:
