@@ -114,17 +114,25 @@ void launch_combine(const float* y, const int* pos_of_pair, const void* idx, boo
                     int top_k, int experts, int hidden, Elem elem, void* out,
                     cudaStream_t stream) {
   if (tokens <= 0) return;
-  dim3 grid(unsigned(tokens), unsigned((hidden + 255) / 256));
+  // 4 columns per thread where rows of y are 16-byte aligned (the workspace base is).
+  const bool vec = hidden % 4 == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0;
+  const int per_block = 256 * (vec ? 4 : 1);
+  dim3 grid(unsigned(tokens), unsigned((hidden + per_block - 1) / per_block));
   dispatch_elem(elem, [&](auto t) {
     using T = decltype(t);
-    if (index_i64)
-      combine_kernel<T, int64_t><<<grid, 256, 0, stream>>>(
-          y, pos_of_pair, static_cast<const int64_t*>(idx), weights, weights_code, per_expert,
-          top_k, experts, hidden, static_cast<T*>(out));
-    else
-      combine_kernel<T, int32_t><<<grid, 256, 0, stream>>>(
-          y, pos_of_pair, static_cast<const int32_t*>(idx), weights, weights_code, per_expert,
-          top_k, experts, hidden, static_cast<T*>(out));
+    auto go = [&](auto kernel, auto index) {
+      using I = decltype(index);
+      kernel<<<grid, 256, 0, stream>>>(y, pos_of_pair, static_cast<const I*>(idx), weights,
+                                       weights_code, per_expert, top_k, experts, hidden,
+                                       static_cast<T*>(out));
+    };
+    if (index_i64) {
+      if (vec) go(combine_kernel<T, int64_t, 4>, int64_t{});
+      else go(combine_kernel<T, int64_t, 1>, int64_t{});
+    } else {
+      if (vec) go(combine_kernel<T, int32_t, 4>, int32_t{});
+      else go(combine_kernel<T, int32_t, 1>, int32_t{});
+    }
   });
   MOEX_CUDA_CHECK_LAUNCH(combine_kernel);
 }
