@@ -205,6 +205,13 @@ TEST(CudaPlan, GroupedUsesWgmmaOnHopper) {
   const bool off = env && std::string(env) == "mma";
   if (d.major == 9 && d.minor == 0 && !off) EXPECT_NE(plan.find("wgmma"), std::string::npos) << plan;
   else EXPECT_EQ(plan.find("wgmma"), std::string::npos) << plan;
+  // 32 rows per expert: 64-row wgmma tiles on Hopper (one pass over each expert's weights),
+  // 16-row mma.sync tiles elsewhere.
+  a.tokens = 480;
+  const std::string mid = moex::cuda::describe_plan(a, moex::cuda::Algo::kGrouped);
+  if (d.major == 9 && d.minor == 0 && !off)
+    EXPECT_NE(mid.find("wgmma (sm_90a) tiles of 64 rows"), std::string::npos) << mid;
+  else EXPECT_NE(mid.find("mma.sync tiles of 16"), std::string::npos) << mid;
   a.tokens = 2;  // decode: 16-row mma.sync tiles
   EXPECT_NE(moex::cuda::describe_plan(a, moex::cuda::Algo::kGrouped).find("mma.sync tiles of 16"),
             std::string::npos);

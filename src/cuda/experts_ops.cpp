@@ -2,6 +2,7 @@
 #include "cuda/experts_ops.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 #include "cuda/runtime.hpp"
@@ -122,11 +123,11 @@ bool mma_ok(const ExpertsArgs& a) {
   return grouped_gemm_mma_supported(g1) && grouped_gemm_mma_supported(g2);
 }
 
-// The Hopper path serves the large-tile (compute-bound) configuration of grouped_mm; both GEMMs
-// must qualify (the gathered A buffer only exists for grouped).
-constexpr int kWgmmaTileRows = 128;
+// The Hopper path serves the 64- and 128-row configurations of grouped_mm; both GEMMs must
+// qualify (the gathered A buffer only exists for grouped).
 bool wgmma_ok(const ExpertsArgs& a) {
-  Workspace w = carve(a, Algo::kGrouped, nullptr);
+  // The batched carve: its tile count does not depend on grouped_tile_rows, which calls this.
+  Workspace w = carve(a, Algo::kBatched, nullptr);
   GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
   GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
   g1.a = g2.a = a.hidden_states;
@@ -138,13 +139,13 @@ void run_gemms(const ExpertsArgs& a, const Workspace& w, bool mma, int tile_rows
                cudaStream_t s) {
   GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
   GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
-  if (mma && tile_rows == kWgmmaTileRows && wgmma_ok(a)) {
+  if (mma && (tile_rows == 64 || tile_rows == 128) && wgmma_ok(a)) {
     const int64_t P = pairs_of(a);
     g1.a_rows = g2.a_rows = P;
     launch_gather_sorted(a.hidden_states, w.sorted_pair, w.offsets + a.experts, a.top_k, P,
                          int(a.hidden), a.elem, w.xs, s);
-    launch_grouped_gemm_wgmma(g1, s);
-    launch_grouped_gemm_wgmma(g2, s);
+    launch_grouped_gemm_wgmma(g1, tile_rows, s);
+    launch_grouped_gemm_wgmma(g2, tile_rows, s);
   } else if (mma) {
     launch_grouped_gemm_mma(g1, tile_rows, s);
     launch_grouped_gemm_mma(g2, tile_rows, s);
@@ -209,7 +210,21 @@ int grouped_tile_rows(const ExpertsArgs& a) {
   if (!mma_ok(a)) return kSimtTileRows;
   int64_t P = pairs_of(a);
   int64_t active = std::max<int64_t>(1, std::min<int64_t>(a.experts, P));
-  return P / active <= 48 ? 16 : 128;
+  // MOEX_CUDA_TILE_ROWS=16|64|128 overrides the policy (measuring the switch points).
+  static const int forced = [] {
+    const char* e = std::getenv("MOEX_CUDA_TILE_ROWS");
+    const int v = e ? std::atoi(e) : 0;
+    return v == 16 || v == 64 || v == 128 ? v : 0;
+  }();
+  if (forced) return forced;
+  // Measured on the H200 (docs/cuda.md, "Tile rows"): 16-row mma.sync tiles win up to ~20 rows
+  // per expert (Qwen T = 256: 0.301 ms vs 0.348 with 64-row wgmma tiles); at ~32 rows 64-row
+  // wgmma tiles read each expert's weights once instead of twice (DeepSeek T = 1024: 5.80 ms vs
+  // 8.41 with 16-row, 6.06 with 128-row tiles); from ~64 rows the 128-row tiles are fastest.
+  const int64_t rows = P / active;
+  if (rows <= 24) return 16;
+  if (rows <= 48) return wgmma_ok(a) ? 64 : 16;
+  return 128;
 }
 
 std::string describe_plan(const ExpertsArgs& a, Algo algo) {
@@ -219,7 +234,7 @@ std::string describe_plan(const ExpertsArgs& a, Algo algo) {
   if (algo == Algo::kBatched)
     return s + (mma ? ": one 16-row mma.sync tile per pair" : ": one SIMT tile per pair");
   const int rows = grouped_tile_rows(a);
-  if (mma && rows == kWgmmaTileRows && wgmma_ok(a))
+  if (mma && (rows == 64 || rows == 128) && wgmma_ok(a))
     return s + ": TMA + wgmma (sm_90a) tiles of " + std::to_string(rows) + " rows";
   return s + (mma ? ": mma.sync tiles of " : ": SIMT tiles of ") + std::to_string(rows) + " rows";
 }

@@ -11,8 +11,8 @@
 
 namespace moex::cuda {
 
-void launch_grouped_gemm_wgmma_bf16(const GroupedGemmArgs& a, cudaStream_t stream);
-void launch_grouped_gemm_wgmma_f16(const GroupedGemmArgs& a, cudaStream_t stream);
+void launch_grouped_gemm_wgmma_bf16(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream);
+void launch_grouped_gemm_wgmma_f16(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream);
 
 namespace {
 
@@ -69,13 +69,16 @@ bool grouped_gemm_wgmma_supported(const GroupedGemmArgs& a) {
   return d.major == 9 && d.minor == 0;
 }
 
-void launch_grouped_gemm_wgmma(const GroupedGemmArgs& a, cudaStream_t stream) {
+void launch_grouped_gemm_wgmma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {
   if (a.max_tiles <= 0) return;
+  if (tile_rows != 64 && tile_rows != 128)
+    throw Error("launch_grouped_gemm_wgmma: tile_rows must be 64 or 128, got " +
+                std::to_string(tile_rows));
   if (!a.a_sorted || a.a_rows <= 0 || a.w_rows_total <= 0)
     throw Error("launch_grouped_gemm_wgmma: A must be in sorted order (a_sorted, a_rows) and "
                 "w_rows_total set");
-  if (a.elem == Elem::kBF16) launch_grouped_gemm_wgmma_bf16(a, stream);
-  else launch_grouped_gemm_wgmma_f16(a, stream);
+  if (a.elem == Elem::kBF16) launch_grouped_gemm_wgmma_bf16(a, tile_rows, stream);
+  else launch_grouped_gemm_wgmma_f16(a, tile_rows, stream);
 }
 
 void launch_gather_sorted(const void* src, const int* sorted_pair, const int* valid, int top_k,

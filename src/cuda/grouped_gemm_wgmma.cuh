@@ -34,13 +34,15 @@
 
 namespace moex::cuda {
 
-constexpr int kWgmmaBM = 128;  // rows per tile (= route tile rows)
 constexpr int kWgmmaBK = 64;   // k per stage: one 128-byte swizzled row of bf16 / f16
-constexpr int kWgmmaThreads = 384;
+// kConsumers consumer warpgroups of 64 rows each: the tile has 64 * kConsumers rows (= the route
+// tile rows), the block 128 * (kConsumers + 1) threads.
+constexpr int wgmma_threads(int consumers) { return 128 * (consumers + 1); }
 
-template <class T, int BNB, int STAGES>
+template <class T, int BNB, int STAGES, int kConsumers>
 struct WgmmaSmem {
-  static constexpr int kAStage = kWgmmaBM * kWgmmaBK * int(sizeof(T));
+  static constexpr int kBM = 64 * kConsumers;
+  static constexpr int kAStage = kBM * kWgmmaBK * int(sizeof(T));
   static constexpr int kBStage = BNB * kWgmmaBK * int(sizeof(T));
   static constexpr int kBarOffset = STAGES * (kAStage + kBStage);
   // + barriers, + 1 KiB to align the dynamic shared memory base to 1024 bytes (128B swizzle).
@@ -64,14 +66,24 @@ __device__ __forceinline__ WorkItem work_item(int item, int num_tiles, int nbloc
   return {g * raster + within % g_tiles, within / g_tiles};
 }
 
-template <class T, GemmKind kKind, int kGroups, int BNB, int STAGES>
-__global__ void __launch_bounds__(kWgmmaThreads, 1)
+// Two ways to use the two consumer warpgroups of a 128-row tile (kConsumers == 2):
+//  - cooperative (kPing false): both work on the same item, each on 64 of its rows, with one
+//    m64nBNBk16 per 16 k; the tensor cores idle while both run the epilogue.
+//  - ping-pong (kPing true, BNB 128): the CTA's items alternate between the warpgroups, each
+//    doing all 128 rows of its item (two m64n128k16 per 16 k, the same 128 accumulators per
+//    thread). The ring holds the items' k steps in order, so warpgroup B's main loop starts when
+//    A's has issued its last MMAs and runs while A does its epilogue: the epilogue (activation,
+//    stores) leaves the critical path. A named barrier hands the turn over (see below).
+template <class T, GemmKind kKind, int kGroups, int BNB, int STAGES, int kConsumers, bool kPing>
+__global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tma_a,
                               const __grid_constant__ CUtensorMap tma_b, GemmParams p,
                               int b_rows_per_expert, int raster) {
   constexpr int BK = kWgmmaBK;
   constexpr int BN = BNB / kGroups;  // output columns of the tile
-  using S = WgmmaSmem<T, BNB, STAGES>;
+  using S = WgmmaSmem<T, BNB, STAGES, kConsumers>;
+  static_assert(!kPing || (kConsumers == 2 && BNB == 128), "ping-pong: two warpgroups, m64n128");
+  constexpr int kHalves = kPing ? 2 : 1;  // 64-row halves of the tile one warpgroup computes
 
   // Persistent: CTA b takes items b, b + gridDim.x, ... of num_tiles x nblocks.
   const int num_tiles = *p.num_tiles;
@@ -93,7 +105,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
     sm90::tma_prefetch_desc(&tma_b);
     for (int s = 0; s < STAGES; ++s) {
       sm90::mbar_init(&full[s], 1);
-      sm90::mbar_init(&empty[s], 8);  // one arrival per consumer warp (2 warpgroups x 4 warps)
+      // One arrival per warp of the warpgroup(s) that consume the stage.
+      sm90::mbar_init(&empty[s], kPing ? 4 : 4 * kConsumers);
     }
     sm90::fence_mbar_init();
   }
@@ -108,7 +121,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
       for (int item = blockIdx.x; item < items; item += gridDim.x) {
         const WorkItem w = work_item(item, num_tiles, nblocks, raster);
         const Tile tile = p.tiles[w.tile];
-        if (tile.rows <= 0) continue;
+        if (!kPing && tile.rows <= 0) continue;  // (ping-pong: every item counts, see below)
         const int n0 = w.nb * BN;
         const int brow = tile.expert * b_rows_per_expert + n0;
         for (int kb = 0; kb < KT; ++kb, ++it) {
@@ -131,63 +144,91 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
   }
 
   // ---- consumers ----
-  const int c = wg - 1;  // rows [64c, 64c + 64) of the tile
+  // Ping-pong: warpgroup c takes the CTA's items n = c, c + 2, ... (n counts this CTA's items;
+  // none is skipped, so both warpgroups and the producer agree on the ring index of every k step).
+  // Before its first full-barrier wait on item n >= 1, a warpgroup waits on named barrier 1 + c
+  // until the other has *issued* every MMA of item n - 1: only then is the ring at most one
+  // phase behind item n's first stage (a parity wait further ahead could pass on an old phase),
+  // and it keeps the two main loops from interleaving (each item finishes as early as possible).
+  const int c = wg - 1;
   const int lane = tid % 32, warp = (tid % 128) / 32;
   constexpr int NACC = BNB / 2;
-  float acc[NACC];
+  float acc[kHalves][NACC];
   int it = 0;
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+  const int my_items = (items - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
+  for (int n = 0; n < my_items; ++n) {
+    const int item = int(blockIdx.x) + n * int(gridDim.x);
+    if (kPing && (n & 1) != c) {
+      it += KT;  // the other warpgroup's item
+      continue;
+    }
     const WorkItem w = work_item(item, num_tiles, nblocks, raster);
     const Tile tile = p.tiles[w.tile];
-    if (tile.rows <= 0) continue;
+    if (!kPing && tile.rows <= 0) continue;
     const int n0 = w.nb * BN;
+    if (kPing && n > 0) sm90::named_bar_sync(1 + c, 256);
 #pragma unroll
-    for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
+    for (int m = 0; m < kHalves; ++m)
+#pragma unroll
+      for (int i = 0; i < NACC; ++i) acc[m][i] = 0.f;
     for (int kb = 0; kb < KT; ++kb, ++it) {
       const int s = it % STAGES;
       sm90::mbar_wait(&full[s], (it / STAGES) & 1);
-      const uint64_t da =
-          sm90::desc_k_major_sw128(a_smem + s * S::kAStage + c * 64 * BK * int(sizeof(T)));
       const uint64_t db = sm90::desc_k_major_sw128(b_smem + s * S::kBStage);
-      sm90::fence_accumulators<NACC>(acc);
+#pragma unroll
+      for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
       sm90::wgmma_fence();
 #pragma unroll
-      for (int k16 = 0; k16 < BK / 16; ++k16)
-        sm90::wgmma_k16<T, BNB>(acc, da + 2 * k16, db + 2 * k16);
+      for (int m = 0; m < kHalves; ++m) {
+        const uint64_t da = sm90::desc_k_major_sw128(a_smem + s * S::kAStage +
+                                                     (kPing ? m : c) * 64 * BK * int(sizeof(T)));
+#pragma unroll
+        for (int k16 = 0; k16 < BK / 16; ++k16)
+          sm90::wgmma_k16<T, BNB>(acc[m], da + 2 * k16, db + 2 * k16);
+      }
       sm90::wgmma_commit();
-      sm90::fence_accumulators<NACC>(acc);
+#pragma unroll
+      for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
       sm90::wgmma_wait<1>();
-      sm90::fence_accumulators<NACC>(acc);
+#pragma unroll
+      for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
       // The MMAs of the previous k step have retired: its stage may be overwritten.
       if (kb > 0) {
         __syncwarp();
         if (lane == 0) sm90::mbar_arrive(&empty[(it - 1) % STAGES]);
       }
     }
+    // Every MMA of this item is issued: the other warpgroup may start its next item (if any).
+    if (kPing && n + 1 < my_items) sm90::named_bar_arrive(1 + (1 - c), 256);
     sm90::wgmma_wait<0>();
-    sm90::fence_accumulators<NACC>(acc);
+#pragma unroll
+    for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
     __syncwarp();
     if (lane == 0) sm90::mbar_arrive(&empty[(it - 1) % STAGES]);
 
     // ---- epilogue: bias, activation (gate_up) or fp32 (down), two columns per store ----
-    const int r0 = c * 64 + warp * 16 + lane / 4;
     const bool pairs = (p.N % 2) == 0;
 #pragma unroll
-    for (int i = 0; i < BN / 8; ++i) {
-      const int j = n0 + 8 * i + 2 * (lane % 4);
+    for (int m = 0; m < kHalves; ++m) {
+      const int r0 = (kPing ? m : c) * 64 + warp * 16 + lane / 4;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = r0 + h * 8;
-        if (r >= tile.rows || j >= p.N) continue;
-        const float g0a = acc[4 * i + 2 * h], g0b = acc[4 * i + 2 * h + 1];
-        const float g1a = kGroups == 2 ? acc[4 * (i + BN / 8) + 2 * h] : 0.f;
-        const float g1b = kGroups == 2 ? acc[4 * (i + BN / 8) + 2 * h + 1] : 0.f;
-        const int pos = tile.row_start + r;
-        if (pairs && j + 1 < p.N) {
-          epilogue_store_pair<T, kKind, kGroups>(p, tile.expert, pos, j, g0a, g1a, g0b, g1b);
-        } else {
-          epilogue_store<T, kKind, kGroups>(p, tile.expert, pos, j, g0a, g1a);
-          if (j + 1 < p.N) epilogue_store<T, kKind, kGroups>(p, tile.expert, pos, j + 1, g0b, g1b);
+      for (int i = 0; i < BN / 8; ++i) {
+        const int j = n0 + 8 * i + 2 * (lane % 4);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = r0 + h * 8;
+          if (r >= tile.rows || j >= p.N) continue;
+          const float g0a = acc[m][4 * i + 2 * h], g0b = acc[m][4 * i + 2 * h + 1];
+          const float g1a = kGroups == 2 ? acc[m][4 * (i + BN / 8) + 2 * h] : 0.f;
+          const float g1b = kGroups == 2 ? acc[m][4 * (i + BN / 8) + 2 * h + 1] : 0.f;
+          const int pos = tile.row_start + r;
+          if (pairs && j + 1 < p.N) {
+            epilogue_store_pair<T, kKind, kGroups>(p, tile.expert, pos, j, g0a, g1a, g0b, g1b);
+          } else {
+            epilogue_store<T, kKind, kGroups>(p, tile.expert, pos, j, g0a, g1a);
+            if (j + 1 < p.N)
+              epilogue_store<T, kKind, kGroups>(p, tile.expert, pos, j + 1, g0b, g1b);
+          }
         }
       }
     }

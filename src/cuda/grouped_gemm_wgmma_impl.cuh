@@ -39,12 +39,29 @@ inline int wgmma_raster() {
   return v;
 }
 
-template <class T, GemmKind kKind, int kGroups, int BNB>
+// Stages: as many as fit in ~200 KB of shared memory.
+template <class T, int BNB, int kConsumers>
+constexpr int wgmma_stages() {
+  return (200 * 1024) / ((64 * kConsumers + BNB) * kWgmmaBK * int(sizeof(T)));
+}
+
+// Ping-pong scheduling of the two consumer warpgroups (grouped_gemm_wgmma.cuh) per GEMM:
+// MOEX_WGMMA_PINGPONG = none | gate_up | down | both (measurements).
+inline bool wgmma_pingpong(GemmKind kind) {
+  static const int v = [] {  // bit 0: gate_up, bit 1: down
+    const char* e = std::getenv("MOEX_WGMMA_PINGPONG");
+    const std::string s = e ? e : "none";
+    return s == "both" ? 3 : s == "gate_up" ? 1 : s == "down" ? 2 : 0;
+  }();
+  return (v >> (kind == GemmKind::kDown ? 1 : 0)) & 1;
+}
+
+template <class T, GemmKind kKind, int kGroups, int BNB, int kConsumers, bool kPing = false>
 void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
-  constexpr int STAGES = BNB == 256 ? 4 : 6;
+  constexpr int STAGES = wgmma_stages<T, BNB, kConsumers>();
   constexpr int BN = BNB / kGroups;
-  auto kernel = grouped_gemm_wgmma_kernel<T, kKind, kGroups, BNB, STAGES>;
-  constexpr size_t smem = WgmmaSmem<T, BNB, STAGES>::kBytes;
+  auto kernel = grouped_gemm_wgmma_kernel<T, kKind, kGroups, BNB, STAGES, kConsumers, kPing>;
+  constexpr size_t smem = WgmmaSmem<T, BNB, STAGES, kConsumers>::kBytes;
   static std::atomic<uint64_t> opted{0};
   const int dev = current_device();
   const uint64_t bit = uint64_t(1) << (dev & 63);
@@ -56,28 +73,35 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
   constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
   const int64_t rows_per_expert = a.w_expert_stride / a.K;
   const CUtensorMap ma =
-      encode_tensor_map_2d(a.a_sorted, bf, a.a_rows, a.K, kWgmmaBM, kWgmmaBK);
+      encode_tensor_map_2d(a.a_sorted, bf, a.a_rows, a.K, 64 * kConsumers, kWgmmaBK);
   // B: one map over every expert's rows ([E * rows_per_expert, K]).
   const CUtensorMap mb = encode_tensor_map_2d(a.w, bf, a.w_rows_total, a.K, BN, kWgmmaBK);
   // Persistent: one CTA per SM (the shared-memory ring allows one), never more than the items.
   const int64_t max_items = int64_t(a.max_tiles) * ((a.N + BN - 1) / BN);
   dim3 grid(unsigned(std::min<int64_t>(max_items, device_info(current_device()).sm_count)));
-  kernel<<<grid, kWgmmaThreads, smem, stream>>>(ma, mb, to_params(a), int(rows_per_expert),
+  kernel<<<grid, wgmma_threads(kConsumers), smem, stream>>>(ma, mb, to_params(a), int(rows_per_expert),
                                                 wgmma_raster());
   MOEX_CUDA_CHECK_LAUNCH(grouped_gemm_wgmma_kernel);
 }
 
-template <class T, GemmKind kKind, int kGroups>
+template <class T, GemmKind kKind, int kGroups, int kConsumers>
 void launch_wgmma_width(const GroupedGemmArgs& a, cudaStream_t stream) {
-  if (wgmma_b_rows() == 128) launch_wgmma_instance<T, kKind, kGroups, 128>(a, stream);
-  else launch_wgmma_instance<T, kKind, kGroups, 256>(a, stream);
+  if (wgmma_b_rows() == 128) launch_wgmma_instance<T, kKind, kGroups, 128, kConsumers>(a, stream);
+  else launch_wgmma_instance<T, kKind, kGroups, 256, kConsumers>(a, stream);
+}
+
+template <class T, GemmKind kKind, int kGroups>
+void launch_wgmma_rows(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {
+  if (tile_rows == 64) launch_wgmma_width<T, kKind, kGroups, 1>(a, stream);
+  else if (wgmma_pingpong(kKind)) launch_wgmma_instance<T, kKind, kGroups, 128, 2, true>(a, stream);
+  else launch_wgmma_width<T, kKind, kGroups, 2>(a, stream);
 }
 
 template <class T>
-void launch_grouped_gemm_wgmma_typed(const GroupedGemmArgs& a, cudaStream_t stream) {
-  if (a.kind == GemmKind::kDown) launch_wgmma_width<T, GemmKind::kDown, 1>(a, stream);
-  else if (a.gated) launch_wgmma_width<T, GemmKind::kGateUp, 2>(a, stream);
-  else launch_wgmma_width<T, GemmKind::kGateUp, 1>(a, stream);
+void launch_grouped_gemm_wgmma_typed(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {
+  if (a.kind == GemmKind::kDown) launch_wgmma_rows<T, GemmKind::kDown, 1>(a, tile_rows, stream);
+  else if (a.gated) launch_wgmma_rows<T, GemmKind::kGateUp, 2>(a, tile_rows, stream);
+  else launch_wgmma_rows<T, GemmKind::kGateUp, 1>(a, tile_rows, stream);
 }
 
 }  // namespace moex::cuda
