@@ -74,16 +74,33 @@ def set_impl(cfg, name):
         cfg._experts_implementation_internal = name
 
 
-def time_hf(torch, do_bench, ex, cfg, impl, compiled, hidden, idx, w):
+_COMPILED = {}
+
+
+def time_hf(torch, do_bench, ex, cfg, impl, compiled, hidden, idx, w, compile_mode="max-autotune", dynamic="static"):
     set_impl(cfg, impl)
     fn = ex.forward
     if compiled:
-        torch._dynamo.reset()
-        fn = torch.compile(ex.forward, mode="max-autotune-no-cudagraphs" if impl == "grouped_mm" else None,
-                           dynamic=False)
+        # "max-autotune": grouped_mm autotuned (max-autotune-no-cudagraphs), batched_mm default;
+        # "default": plain torch.compile for both. dynamic="static" compiles every (impl, T) afresh
+        # (shape-specialised kernels, the fastest, minutes per shape); "auto" keeps one compiled
+        # function per impl and lets dynamo mark T dynamic after the first size (two compiles).
+        mode = None
+        if compile_mode == "max-autotune" and impl == "grouped_mm":
+            mode = "max-autotune-no-cudagraphs"
+        if dynamic == "static":
+            torch._dynamo.reset()
+            fn = torch.compile(ex.forward, mode=mode, dynamic=False)
+        else:
+            if impl not in _COMPILED:
+                _COMPILED[impl] = torch.compile(ex.forward, mode=mode, dynamic=None)
+            fn = _COMPILED[impl]
     with torch.no_grad():
+        t0 = time.time()
         out = fn(hidden, idx, w)  # compile / warm up
         torch.cuda.synchronize()
+        if compiled:
+            print("# compile/warm-up %s: %.1f s" % (impl, time.time() - t0), flush=True)
         ms = do_bench(lambda: fn(hidden, idx, w), warmup=10, rep=60, return_mode="median")
     return ms, out
 
@@ -94,6 +111,10 @@ def main():
     ap.add_argument("--shapes", default="all")
     ap.add_argument("--tokens", default="1,4,16,64,256,1024,4096,16384")
     ap.add_argument("--compile", default="yes", choices=["yes", "no"])
+    ap.add_argument("--compile-mode", default="max-autotune", choices=["max-autotune", "default"])
+    ap.add_argument("--compile-dynamic", default="static", choices=["static", "auto"])
+    ap.add_argument("--hf-impls", default="eager,batched_mm,grouped_mm",
+                    help="transformers backends to time (uncompiled, and compiled unless --compile no)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--json-out", default="")
     ap.add_argument("--batched-max-tokens", type=int, default=1 << 30,
@@ -108,8 +129,9 @@ def main():
     from triton.testing import do_bench
     import transformers
     gpu = torch.cuda.get_device_name(0)
-    print("# %s UTC, %s, torch %s, transformers %s" % (time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-          gpu, torch.__version__, transformers.__version__), flush=True)
+    print("# %s UTC, %s, torch %s, transformers %s; compile %s (mode %s, shapes %s)" % (
+          time.strftime("%Y-%m-%d %H:%M", time.gmtime()), gpu, torch.__version__,
+          transformers.__version__, args.compile, args.compile_mode, args.compile_dynamic), flush=True)
     all_rows = []
     for shape in shapes:
         E, k, H, I = SHAPES[shape]
@@ -129,7 +151,7 @@ def main():
                 top = scores.topk(k, dim=-1)
                 idx = top.indices
                 w = torch.softmax(top.values, dim=-1).to(torch.float32)
-                for impl in ["eager", "batched_mm", "grouped_mm"]:
+                for impl in args.hf_impls.split(","):
                     # batched_mm copies the selected experts' weights per (token, slot).
                     if impl == "batched_mm" and T * k * expert_bytes > 40e9:
                         continue
@@ -138,13 +160,16 @@ def main():
                             continue  # eager's data-dependent loop graph-breaks; compile adds nothing
                         key = impl + (" compiled" if compiled else "")
                         try:
-                            ms, _ = time_hf(torch, do_bench, ex, cfg, impl, compiled, hidden, idx, w)
+                            ms, _ = time_hf(torch, do_bench, ex, cfg, impl, compiled, hidden, idx, w,
+                                            args.compile_mode, args.compile_dynamic)
                             hf[(T, key)] = ms
                             print("# hf %s T=%d %s: %.4f ms" % (shape, T, key, ms), flush=True)
                         except Exception as e:  # OOM or a compile failure: report, keep going
                             print("# hf %s T=%d %s failed: %s" % (shape, T, key, str(e)[:200]), flush=True)
                             torch.cuda.empty_cache()
             del ex
+            _COMPILED.clear()
+            torch._dynamo.reset()
             torch.cuda.empty_cache()
         # One table per shape.
         print("\n### %s (E=%d, k=%d, H=%d, I=%d), bf16\n" % (shape, E, k, H, I))
@@ -174,9 +199,9 @@ def main():
                 "%s%s" % (b, " graph" if g else ""): r["ms"] for (b, g), r in mr.items()},
                 "hf": hf_t})
         sys.stdout.flush()
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(all_rows, f, indent=1)
+        if args.json_out:  # after every shape: a run cut short keeps what it measured
+            with open(args.json_out, "w") as f:
+                json.dump(all_rows, f, indent=1)
 
 
 if __name__ == "__main__":
