@@ -6,15 +6,16 @@
 // loads; wgmma reads both operands straight from shared memory and TMA moves a whole tile per
 // instruction, so the math warps only issue MMAs (docs/cuda.md has the measurements).
 //
-// Block = 3 warpgroups. Warpgroup 0 is the producer: one thread waits for a free stage, arms the
-// stage's "full" barrier with the bytes to expect and issues the TMA loads of the A tile (128
-// sorted rows x 64 k) and the B tile (BNB weight rows x 64 k). Warpgroups 1 and 2 are consumers:
-// each owns 64 of the 128 rows, waits for "full", issues four m64nBNBk16 wgmmas, and frees the
-// stage of the *previous* k step once its MMAs have retired (wgmma.wait_group 1), so one MMA
-// batch is always in flight while the next stage is being loaded.
+// Block = 1 producer + kConsumers (1 or 2) consumer warpgroups; the tile has 64 * kConsumers
+// rows (64- or 128-row tiles of route_by_expert). Warpgroup 0 is the producer: one thread waits
+// for a free stage, arms the stage's "full" barrier with the bytes to expect and issues the TMA
+// loads of the A tile (tile rows x 64 k) and the B tile (BNB weight rows x 64 k). The consumers
+// each own 64 of the rows, wait for "full", issue four m64nBNBk16 wgmmas, and free the stage of
+// the *previous* k step once its MMAs have retired (wgmma.wait_group 1), so one MMA batch is
+// always in flight while the next stage is being loaded. (kPing: the two consumers take whole
+// items in turn instead, see the kernel.)
 //
-// Work decomposition: the work items are (tile of the device-side tile table, 128-row tiles from
-// route_by_expert) x (column block); the kernel is persistent (one CTA per SM, items handed out
+// Work decomposition: the work items are (tile of the device-side tile table) x (column block); the kernel is persistent (one CTA per SM, items handed out
 // round-robin, see work_item for the order) and reads the number of tiles on the device, so
 // nothing depends on the host knowing the routing and the kernel replays in CUDA graphs. Being
 // persistent lets the producer load the next item's first stages during the epilogue.
