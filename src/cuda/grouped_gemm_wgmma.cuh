@@ -15,9 +15,10 @@
 // always in flight while the next stage is being loaded. (kPing: the two consumers take whole
 // items in turn instead, see the kernel.)
 //
-// Work decomposition: the work items are (tile of the device-side tile table) x (column block); the kernel is persistent (one CTA per SM, items handed out
-// round-robin, see work_item for the order) and reads the number of tiles on the device, so
-// nothing depends on the host knowing the routing and the kernel replays in CUDA graphs. Being
+// Work decomposition: the work items are (tile of the device-side tile table) x (column block);
+// the kernel is persistent (one CTA per SM, items handed out round-robin, see work_item for the
+// order) and reads the number of tiles on the device, so nothing depends on the host knowing the
+// routing and the kernel replays in CUDA graphs. Being
 // persistent lets the producer load the next item's first stages during the epilogue.
 //
 // Operands. A is contiguous in sorted order (gate_up: the hidden rows gathered by

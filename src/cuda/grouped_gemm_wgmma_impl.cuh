@@ -79,8 +79,8 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
   // Persistent: one CTA per SM (the shared-memory ring allows one), never more than the items.
   const int64_t max_items = int64_t(a.max_tiles) * ((a.N + BN - 1) / BN);
   dim3 grid(unsigned(std::min<int64_t>(max_items, device_info(current_device()).sm_count)));
-  kernel<<<grid, wgmma_threads(kConsumers), smem, stream>>>(ma, mb, to_params(a), int(rows_per_expert),
-                                                wgmma_raster());
+  kernel<<<grid, wgmma_threads(kConsumers), smem, stream>>>(ma, mb, to_params(a),
+                                                            int(rows_per_expert), wgmma_raster());
   MOEX_CUDA_CHECK_LAUNCH(grouped_gemm_wgmma_kernel);
 }
 
