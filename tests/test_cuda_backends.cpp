@@ -205,6 +205,13 @@ TEST(CudaPlan, GroupedUsesWgmmaOnHopper) {
   const bool off = env && std::string(env) == "mma";
   if (d.major == 9 && d.minor == 0 && !off) EXPECT_NE(plan.find("wgmma"), std::string::npos) << plan;
   else EXPECT_EQ(plan.find("wgmma"), std::string::npos) << plan;
+  // 273 rows per expert: 2-CTA cluster pairs on Hopper unless MOEX_WGMMA_CLUSTER=0 (or a forced
+  // tile size) says otherwise.
+  const char* cl = std::getenv("MOEX_WGMMA_CLUSTER");
+  const bool no_cluster = (cl && std::string(cl) == "0") || std::getenv("MOEX_CUDA_TILE_ROWS");
+  if (d.major == 9 && d.minor == 0 && !off && !no_cluster)
+    EXPECT_NE(plan.find("2-CTA clusters"), std::string::npos) << plan;
+  else EXPECT_EQ(plan.find("2-CTA clusters"), std::string::npos) << plan;
   // 32 rows per expert: 64-row wgmma tiles on Hopper (one pass over each expert's weights),
   // 16-row mma.sync tiles elsewhere.
   a.tokens = 480;

@@ -57,6 +57,14 @@ CUtensorMap encode_tensor_map_2d(const void* base, bool bf16, int64_t rows, int6
   return map;
 }
 
+bool grouped_gemm_wgmma_clusters() {
+  static const bool on = [] {
+    const char* e = std::getenv("MOEX_WGMMA_CLUSTER");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
 bool grouped_gemm_wgmma_supported(const GroupedGemmArgs& a) {
   if (wgmma_disabled()) return false;
   if (a.elem == Elem::kF32 || a.transposed) return false;
@@ -71,8 +79,8 @@ bool grouped_gemm_wgmma_supported(const GroupedGemmArgs& a) {
 
 void launch_grouped_gemm_wgmma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {
   if (a.max_tiles <= 0) return;
-  if (tile_rows != 64 && tile_rows != 128)
-    throw Error("launch_grouped_gemm_wgmma: tile_rows must be 64 or 128, got " +
+  if (tile_rows != 64 && tile_rows != 128 && tile_rows != 256)
+    throw Error("launch_grouped_gemm_wgmma: tile_rows must be 64, 128 or 256, got " +
                 std::to_string(tile_rows));
   if (!a.a_sorted || a.a_rows <= 0 || a.w_rows_total <= 0)
     throw Error("launch_grouped_gemm_wgmma: A must be in sorted order (a_sorted, a_rows) and "

@@ -82,6 +82,10 @@ bool grouped_gemm_mma_supported(const GroupedGemmArgs& a) {
 
 void launch_grouped_gemm_mma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {
   if (a.max_tiles <= 0) return;
+  // (256-row tiles are the Hopper cluster kernel's; this kernel would compute half of each.)
+  if (tile_rows != 16 && tile_rows != 64 && tile_rows != 128)
+    throw Error("launch_grouped_gemm_mma: tile_rows must be 16, 64 or 128, got " +
+                std::to_string(tile_rows));
   if (a.elem == Elem::kBF16) launch_grouped_gemm_mma_bf16(a, tile_rows, stream);
   else launch_grouped_gemm_mma_f16(a, tile_rows, stream);
 }

@@ -79,11 +79,14 @@ bool grouped_gemm_mma_supported(const GroupedGemmArgs& a);
 void launch_grouped_gemm_mma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream);
 // Hopper path: TMA + wgmma, warp-specialised (grouped_gemm_wgmma.cuh). Needs a compute
 // capability 9.0 device, bf16 / f16, non-transposed weights, gated layouts concatenated, K a
-// multiple of 8, 16-byte aligned tensors, 64- or 128-row tiles (one or two consumer warpgroups),
-// and A contiguous in sorted order:
+// multiple of 8, 16-byte aligned tensors, 64- or 128-row tiles (one or two consumer warpgroups)
+// or 256-row tiles (a 2-CTA cluster of 128-row CTAs sharing each weight tile), and A contiguous
+// in sorted order:
 // `a_sorted` with `a_rows` rows (gate_up: the gathered hidden rows, see launch_gather_sorted;
 // down: h). MOEX_CUDA_GEMM=mma turns it off (comparisons, bisecting).
 bool grouped_gemm_wgmma_supported(const GroupedGemmArgs& a);
+// Whether grouped_mm's large tiles run as 256-row cluster pairs (MOEX_WGMMA_CLUSTER=0: no).
+bool grouped_gemm_wgmma_clusters();
 void launch_grouped_gemm_wgmma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream);
 // Any element type and layout, plain fp32 FMA (no tf32): the fallback and the fp32 path.
 constexpr int kSimtTileRows = 32;
