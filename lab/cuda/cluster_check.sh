@@ -3,7 +3,8 @@
 # to a pair of 128-row CTAs): the CUDA suites with clusters (default) and without, then grouped_mm
 # with MOEX_WGMMA_CLUSTER = 1 / 0 alternating on the compute-bound rows, then ncu of both GEMMs
 # (time, clock, SM busy, DRAM and L2 bytes) next to the numbers of transformers' CUTLASS kernel
-# in docs/cuda.md, then the shape-static side by side on those rows.
+# in docs/cuda.md, then the shape-static side by side on those rows. First run (2026-11-30): correct
+# (26/26) but 1.4-2.0x slower than without clusters; the ncu part asks why (grid size, SM active).
 # Build here: ninja -C build-gpu; pack: tar cJf build-pack/gpu.tar.xz build-gpu/libmoex.so
 #   build-gpu/moex build-gpu/tests/test_cuda_backends build-gpu/tests/test_experts_fixtures
 #   build-gpu/tests/test_experts_consistency        carry: build-pack
@@ -36,7 +37,7 @@ for v in 1 0 1 0; do
       grep -E "grouped_mm|error" | sed -E "s/^/${s%%:*} cluster=$v /; s/ +/ /g" >> "$S"
   done
 done
-M=gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__cycles_elapsed.avg.per_second,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,lts__t_bytes.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,launch__cluster_dim_x
+M=gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__cycles_elapsed.avg.per_second,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,lts__t_bytes.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,launch__cluster_dim_x,launch__grid_size,sm__cycles_active.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum
 for v in 1 0; do
   for s in mixtral-8x7b:4096 deepseek-v3:16384; do
     f="$L/ncu_${s/:/_}_cluster$v.log"
