@@ -30,6 +30,14 @@ for t in test_experts_fixtures test_experts_consistency; do
 done
 cat "$S"
 grep -q "test_cuda_backends default rc=0" "$S" || { echo "suite failed: no timings"; exit 1; }
+# How many pairs the occupancy query allows, and the grid size against the time.
+MOEX_WGMMA_DEBUG=1 timeout 40 build-gpu/moex bench experts --device cuda --backends grouped_mm --graph off \
+  --no-check --min-iters 3 --budget-s 0.2 --shape mixtral-8x7b --tokens 4096 2>&1 | grep -E "clusters|grouped_mm" >> "$S"
+for n in 66 60 48 33; do
+  MOEX_WGMMA_CLUSTERS=$n timeout 40 build-gpu/moex bench experts --device cuda --backends grouped_mm \
+    --graph off --no-check --min-iters 3 --budget-s 0.3 --shape mixtral-8x7b --tokens 1024,4096 2>&1 |
+    grep -E "grouped_mm|error" | sed -E "s/^/mixtral clusters<=$n /; s/ +/ /g" >> "$S"
+done
 for v in 1 0 1 0; do
   for s in mixtral-8x7b:256,1024,4096,16384 qwen1.5-moe-a2.7b:1024,4096,16384 deepseek-v3:4096,16384; do
     MOEX_WGMMA_CLUSTER=$v timeout 60 build-gpu/moex bench experts --device cuda --backends grouped_mm \

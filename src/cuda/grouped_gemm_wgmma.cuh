@@ -150,11 +150,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
         const int arow = tile.row_start + rank * kBM;
         for (int kb = 0; kb < KT; ++kb, ++it) {
           const int s = it % STAGES;
-          if (it >= STAGES) {
-            const uint32_t parity = ((it / STAGES) - 1) & 1;
-            if constexpr (kCluster == 2) sm90::mbar_wait_cluster(&empty[s], parity);
-            else sm90::mbar_wait(&empty[s], parity);
-          }
+          if (it >= STAGES) sm90::mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
           sm90::mbar_arrive_expect_tx(&full[s], S::kAStage + S::kBStage);
           sm90::tma_load_2d(a_smem + s * S::kAStage, &tma_a, &full[s], kb * BK, arow);
           unsigned char* b = b_smem + s * S::kBStage;

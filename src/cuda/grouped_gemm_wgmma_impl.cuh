@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -108,6 +109,13 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
       if (clusters <= 0)
         throw DeviceError("grouped_gemm_wgmma: no 2-CTA cluster of this kernel fits on the device "
                           "(set MOEX_WGMMA_CLUSTER=0)");
+      // MOEX_WGMMA_CLUSTERS=n caps the persistent grid at n pairs (measurements: the first H200
+      // run was 1.4-2.0x slower than single CTAs, as if ~45 pairs were running, not 66).
+      if (const char* e = std::getenv("MOEX_WGMMA_CLUSTERS"); e && std::atoi(e) > 0)
+        clusters = std::min(clusters, std::atoi(e));
+      if (std::getenv("MOEX_WGMMA_DEBUG"))
+        std::fprintf(stderr, "moex: grouped_gemm_wgmma: %d clusters of %d CTAs on %d SMs\n",
+                     clusters, kCluster, device_info(dev).sm_count);
       fit[dev & 63].store(clusters);
     }
     cfg.gridDim = dim3(unsigned(kCluster * std::min<int64_t>(max_items, clusters)));

@@ -47,20 +47,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
-// As mbar_wait, acquiring at cluster scope: for barriers that other CTAs of the cluster arrive
-// on with release.cluster (mbar_arrive_cluster).
-__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_AGAIN_CLUSTER:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_AGAIN_CLUSTER;\n"
-      "}\n" ::"r"(smem_u32(bar)),
-      "r"(parity)
-      : "memory");
-}
-
 // ---- named barriers (ids 1..15; 0 is __syncthreads); count = threads taking part, a
 // multiple of 32. sync waits for the count; arrive counts this warp without waiting. ----
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
@@ -83,12 +69,14 @@ __device__ __forceinline__ void cluster_sync() {
       "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 // Arrives on the mbarrier at the same shared-memory offset as `bar` in CTA `rank` of the cluster
-// (this CTA included), with release semantics at cluster scope.
+// (this CTA included). Default semantics (release, CTA scope), as CUTLASS's cluster barriers:
+// what it orders is this warp's finished wgmma reads of its own shared memory, against the TMA
+// that will overwrite them; the global stores of an earlier epilogue need not drain first, which
+// a release at cluster scope may wait for.
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
-               : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 
 // ---- TMA ----
