@@ -162,7 +162,7 @@ void run_combine(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
 
 void run_eager(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
   const int64_t P = pairs_of(a);
-  launch_route_by_expert(a.top_k_index, a.index_i64, P, a.experts, int(std::max<int64_t>(P, 1)),
+  launch_route_by_expert(a.top_k_index, a.index_i64, P, a.experts, int(std::max<int64_t>(P, 1)), 1,
                          w.offsets, w.sorted_pair, w.pos_of_pair, w.tiles, w.max_tiles,
                          w.num_tiles, s);
   std::vector<int> offsets(size_t(a.experts) + 1);
@@ -225,8 +225,9 @@ int grouped_tile_rows(const ExpertsArgs& a) {
   const int64_t rows = P / active;
   if (rows <= 24) return 16;
   if (rows <= 48) return wgmma_ok(a) ? 64 : 16;
-  // On Hopper, 256-row route tiles computed by CTA pairs that share each weight tile (the
-  // 128-row CTAs of transformers' CUTLASS kernel do the same; docs/cuda.md).
+  // 128-row tiles; on Hopper with MOEX_WGMMA_CLUSTER=1, 256-row route tiles computed by CTA
+  // pairs that share each weight tile (as transformers' CUTLASS kernel does; slower here on most
+  // rows, docs/cuda.md).
   return wgmma_ok(a) && grouped_gemm_wgmma_clusters() ? 256 : 128;
 }
 
@@ -264,7 +265,8 @@ void run_experts(const ExpertsArgs& a, Algo algo, void* workspace, cudaStream_t 
     }
     case Algo::kGrouped: {
       int rows = grouped_tile_rows(a);
-      launch_route_by_expert(a.top_k_index, a.index_i64, P, a.experts, rows, w.offsets,
+      launch_route_by_expert(a.top_k_index, a.index_i64, P, a.experts, rows,
+                             grouped_gemm_raster_tiles(rows), w.offsets,
                              w.sorted_pair, w.pos_of_pair, w.tiles, w.max_tiles, w.num_tiles, s);
       run_gemms(a, w, mma_ok(a), rows, s);
       run_combine(a, w, s);

@@ -2,6 +2,7 @@
 // makes gate_up's A contiguous, and the element-type dispatch.
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -58,11 +59,23 @@ CUtensorMap encode_tensor_map_2d(const void* base, bool bf16, int64_t rows, int6
 }
 
 bool grouped_gemm_wgmma_clusters() {
+  // Off by default: on the H200 the pairs were slower than single CTAs on 8 of 10 compute-bound
+  // rows (Qwen up to 20%, DeepSeek T = 16384 14%) and faster only at DeepSeek T = 4096 (2%
+  // over the single-CTA kernel with setmaxnreg); docs/cuda.md, "2-CTA clusters".
   static const bool on = [] {
     const char* e = std::getenv("MOEX_WGMMA_CLUSTER");
-    return !(e && std::string(e) == "0");
+    return e && std::string(e) == "1";
   }();
   return on;
+}
+
+int grouped_gemm_raster_tiles(int tile_rows) {
+  static const int rows = [] {
+    const char* e = std::getenv("MOEX_WGMMA_RASTER");
+    const int r = e ? std::atoi(e) : 0;
+    return 128 * (r > 0 ? r : kWgmmaRasterTiles);
+  }();
+  return std::max(1, rows / std::max(1, tile_rows));
 }
 
 bool grouped_gemm_wgmma_supported(const GroupedGemmArgs& a) {

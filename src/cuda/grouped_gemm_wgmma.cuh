@@ -36,7 +36,11 @@
 
 namespace moex::cuda {
 
-constexpr int kWgmmaBK = 64;   // k per stage: one 128-byte swizzled row of bf16 / f16
+constexpr int kWgmmaBK = 64;
+#ifndef MOEX_WGMMA_SETMAXNREG
+#define MOEX_WGMMA_SETMAXNREG 1
+#endif
+constexpr bool kWgmmaSetMaxNReg = MOEX_WGMMA_SETMAXNREG;  // (-DMOEX_WGMMA_SETMAXNREG=0: A/B)   // k per stage: one 128-byte swizzled row of bf16 / f16
 // kConsumers consumer warpgroups of 64 rows each: the tile has 64 * kConsumers rows (= the route
 // tile rows), the block 128 * (kConsumers + 1) threads.
 constexpr int wgmma_threads(int consumers) { return 128 * (consumers + 1); }
@@ -51,21 +55,27 @@ struct WgmmaSmem {
   static constexpr size_t kBytes = size_t(kBarOffset) + 2 * STAGES * sizeof(uint64_t) + 1024;
 };
 
-// Work item -> (tile, column block). Items are rastered in groups of `raster` tiles: within
-// a group the tile index runs fastest, then the column block. The CTAs resident at one time then
-// cover a few tiles (their A rows stay in L2) times many column blocks, and every weight block
-// they read is shared by the group's tiles of the same expert at about the same time (a plain
-// tile-fastest order re-reads A from HBM once per column block when A exceeds L2; a plain
-// column-fastest order re-reads the weights once per tile when an expert has many tiles).
+// Work item -> (tile, column block). Items run through raster groups in tile order: a group is
+// about 8 (4 to 12) consecutive 128-row tiles of *one* expert (route_by_expert cuts each
+// expert's tiles into groups of about equal size, Tile::group), and within a group the tile index runs fastest,
+// then the column block. The CTAs resident at one time then cover the group's few tiles (their
+// A rows stay in L2) times many column blocks, and each weight block of the expert is read by
+// all of the group's tiles at about the same time, so it comes from DRAM once per group. (A
+// plain tile-fastest order re-reads A from HBM once per column block when A exceeds L2; a plain
+// column-fastest order re-reads the weights once per tile; fixed groups of 8 tiles straddle
+// experts, so an expert with 9 tiles had its weights read twice, ncu numbers in docs/cuda.md.)
+// Group g covers items [first_tile(g) * nblocks, (first_tile(g) + size(g)) * nblocks), so the
+// group of an item is the group of tile item / nblocks.
 constexpr int kWgmmaRasterTiles = 8;
 struct WorkItem {
   int tile, nb;
 };
-__device__ __forceinline__ WorkItem work_item(int item, int num_tiles, int nblocks, int raster) {
-  const int per_group = raster * nblocks;
-  const int g = item / per_group, within = item % per_group;
-  const int g_tiles = min(raster, num_tiles - g * raster);
-  return {g * raster + within % g_tiles, within / g_tiles};
+__device__ __forceinline__ WorkItem work_item(int item, int nblocks, const Tile* tiles) {
+  const int t0 = item / nblocks;
+  const int g = tiles[t0].group;
+  const int first = t0 - (g & 0xffff), size = max(1, g >> 16);
+  const int local = item - first * nblocks;
+  return {first + local % size, local / size};
 }
 
 // Two ways to use the two consumer warpgroups of a 128-row tile (kConsumers == 2):
@@ -86,14 +96,15 @@ __device__ __forceinline__ WorkItem work_item(int item, int num_tiles, int nbloc
 // docs/cuda.md). A stage is free again only when the consumers of *both* CTAs are done with it,
 // since the partner's producer writes into this CTA's ring: the empty barriers count both CTAs'
 // consumer warps, and each consumer warp arrives on its own CTA's barrier and the partner's.
-// A rank whose half of a tile has no rows still loads, multiplies (rows not stored) and
-// releases every stage, keeping the pair in step.
+// A tile of at most 128 rows is split by column blocks between the two CTAs instead (see the
+// consumers). A rank whose part of an item has no rows or columns still loads, multiplies
+// (nothing stored) and releases every stage, keeping the pair in step.
 template <class T, GemmKind kKind, int kGroups, int BNB, int STAGES, int kConsumers, bool kPing,
           int kCluster = 1>
 __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tma_a,
                               const __grid_constant__ CUtensorMap tma_b, GemmParams p,
-                              int b_rows_per_expert, int raster) {
+                              int b_rows_per_expert) {
   constexpr int BK = kWgmmaBK;
   constexpr int BN = BNB / kGroups;  // output columns of the tile
   using S = WgmmaSmem<T, BNB, STAGES, kConsumers>;
@@ -136,18 +147,25 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
   else __syncthreads();
 
   const int KT = (p.K + BK - 1) / BK;
+  // Three warpgroups share 168 registers a thread: the producer keeps 40, the consumers get 232
+  // (40 * 128 + 232 * 256 = 168 * 384), as CUTLASS's warp-specialised kernels do. Without it the
+  // gated kernels spilled (ptxas: 12-156 bytes).
+  constexpr bool kRealloc = kConsumers == 2 && kWgmmaSetMaxNReg;
   if (wg == 0) {
+    if constexpr (kRealloc) sm90::setmaxnreg_dec<40>();
     // ---- producer: runs up to STAGES k steps ahead, across items (it fills the ring for the
     // next item while the consumers run the epilogue of this one) ----
     if (tid == 0) {
       int it = 0;  // k steps issued by this CTA so far: stage = it % STAGES, pass = it / STAGES
       for (int item = first; item < items; item += stride) {
-        const WorkItem w = work_item(item, num_tiles, nblocks, raster);
+        const WorkItem w = work_item(item, nblocks, p.tiles);
         const Tile tile = p.tiles[w.tile];
         if (kCluster == 1 && !kPing && tile.rows <= 0) continue;  // (see the consumers)
-        const int n0 = w.nb * BN;
+        const bool split = kCluster == 2 && tile.rows <= kBM;  // (see the consumers)
+        if (split && 2 * w.nb >= nblocks) continue;
+        const int n0 = (split ? 2 * w.nb + rank : w.nb) * BN;
         const int brow = tile.expert * b_rows_per_expert + n0;
-        const int arow = tile.row_start + rank * kBM;
+        const int arow = tile.row_start + (split ? 0 : rank * kBM);
         for (int kb = 0; kb < KT; ++kb, ++it) {
           const int s = it % STAGES;
           if (it >= STAGES) sm90::mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
@@ -155,11 +173,15 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
           sm90::tma_load_2d(a_smem + s * S::kAStage, &tma_a, &full[s], kb * BK, arow);
           unsigned char* b = b_smem + s * S::kBStage;
           if constexpr (kCluster == 2) {
-            // This rank's half of the stage (gated: gate rows / up rows; else 128 of BNB rows).
-            const int half_rows = BNB / 2;
-            const int row = kGroups == 2 ? brow + rank * p.I : brow + rank * half_rows;
-            sm90::tma_load_2d_multicast(b + rank * half_rows * BK * int(sizeof(T)), &tma_b,
-                                        &full[s], kb * BK, row, uint16_t(0x3));
+            // Halves of the stage (gated: gate rows / up rows; else 128 of BNB rows): this
+            // rank's, multicast to the pair, or (split) both, for this CTA alone.
+            constexpr int half_rows = BNB / 2;
+            for (int h = split ? 0 : rank; h < (split ? 2 : rank + 1); ++h) {
+              unsigned char* dst = b + h * half_rows * BK * int(sizeof(T));
+              const int row = kGroups == 2 ? brow + h * p.I : brow + h * half_rows;
+              if (split) sm90::tma_load_2d(dst, &tma_b, &full[s], kb * BK, row);
+              else sm90::tma_load_2d_multicast(dst, &tma_b, &full[s], kb * BK, row, uint16_t(0x3));
+            }
           } else if constexpr (kGroups == 2) {
             sm90::tma_load_2d(b, &tma_b, &full[s], kb * BK, brow);
             sm90::tma_load_2d(b + BN * BK * int(sizeof(T)), &tma_b, &full[s], kb * BK,
@@ -171,6 +193,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
       }
     }
   } else {
+    if constexpr (kRealloc) sm90::setmaxnreg_inc<232>();
     // ---- consumers ----
     // Ping-pong: warpgroup c takes the CTA's items n = c, c + 2, ... (n counts this CTA's
     // items; none is skipped, so both warpgroups and the producer agree on the ring index of
@@ -204,13 +227,19 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
         it += KT;  // the other warpgroup's item
         continue;
       }
-      const WorkItem w = work_item(item, num_tiles, nblocks, raster);
+      const WorkItem w = work_item(item, nblocks, p.tiles);
       const Tile tile = p.tiles[w.tile];
       if (kCluster == 1 && !kPing && tile.rows <= 0) continue;
-      const int n0 = w.nb * BN;
-      // This CTA's rows of the tile (clusters: rank r has rows [kBM r, kBM r + kBM)).
-      const int row_start = tile.row_start + rank * kBM;
-      const int tile_rows = min(tile.rows - rank * kBM, kBM);
+      // Clusters: rank r takes rows [kBM r, kBM r + kBM) of the tile against column block nb,
+      // except on a tile of at most kBM rows (an expert's last), which the pair splits by
+      // columns instead: rank r takes all its rows against column block 2 nb + r (its own A
+      // and B loads, no multicast), and items with 2 nb >= nblocks have no work. (Rows would
+      // leave rank 1 idle: on Mixtral T = 4096 a third of the experts end in such a tile.)
+      const bool split = kCluster == 2 && tile.rows <= kBM;
+      if (split && 2 * w.nb >= nblocks) continue;
+      const int n0 = (split ? 2 * w.nb + rank : w.nb) * BN;
+      const int row_start = tile.row_start + (split ? 0 : rank * kBM);
+      const int tile_rows = split ? tile.rows : min(tile.rows - rank * kBM, kBM);
       if (kPing && n > 0) sm90::named_bar_sync(1 + c, 256);
 #pragma unroll
       for (int m = 0; m < kHalves; ++m)

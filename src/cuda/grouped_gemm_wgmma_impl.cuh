@@ -30,16 +30,6 @@ inline int wgmma_b_rows() {
   return v;
 }
 
-// Tiles per raster group (work_item); MOEX_WGMMA_RASTER overrides it (measurements).
-inline int wgmma_raster() {
-  static const int v = [] {
-    const char* e = std::getenv("MOEX_WGMMA_RASTER");
-    int r = e ? std::atoi(e) : 0;
-    return r > 0 ? r : kWgmmaRasterTiles;
-  }();
-  return v;
-}
-
 // Stages: as many as fit in ~200 KB of shared memory.
 template <class T, int BNB, int kConsumers>
 constexpr int wgmma_stages() {
@@ -86,7 +76,7 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
   if constexpr (kCluster == 1) {
     dim3 grid(unsigned(std::min<int64_t>(max_items, device_info(current_device()).sm_count)));
     kernel<<<grid, wgmma_threads(kConsumers), smem, stream>>>(ma, mb, to_params(a),
-                                                              int(rows_per_expert), wgmma_raster());
+                                                              int(rows_per_expert));
   } else {
     cudaLaunchConfig_t cfg{};
     cudaLaunchAttribute attr[1];
@@ -119,8 +109,7 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
       fit[dev & 63].store(clusters);
     }
     cfg.gridDim = dim3(unsigned(kCluster * std::min<int64_t>(max_items, clusters)));
-    MOEX_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ma, mb, to_params(a), int(rows_per_expert),
-                                       std::max(1, wgmma_raster() / kCluster)));
+    MOEX_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ma, mb, to_params(a), int(rows_per_expert)));
   }
   MOEX_CUDA_CHECK_LAUNCH(grouped_gemm_wgmma_kernel);
 }

@@ -56,6 +56,19 @@ __device__ __forceinline__ void named_bar_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+// ---- register reallocation between warpgroups (all threads of the warpgroup execute it) ----
+// The block is allocated its compiled count per thread (168 for 384 threads, 1 block per SM);
+// a producer warpgroup that only issues TMA gives most of its registers back and the consumer
+// warpgroups take them, so their accumulators and epilogue fit without spilling.
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
 // ---- clusters ----
 __device__ __forceinline__ uint32_t cluster_ctarank() {
   uint32_t r;

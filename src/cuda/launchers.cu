@@ -33,23 +33,25 @@ int64_t route_max_tiles(int64_t pairs, int64_t experts, int tile_rows) {
 }
 
 void launch_route_by_expert(const void* idx, bool index_i64, int64_t pairs, int experts,
-                            int tile_rows, int* offsets, int* sorted_pair, int* pos_of_pair,
-                            Tile* tiles, int max_tiles, int* num_tiles, cudaStream_t stream) {
+                            int tile_rows, int raster_tiles, int* offsets, int* sorted_pair,
+                            int* pos_of_pair, Tile* tiles, int max_tiles, int* num_tiles,
+                            cudaStream_t stream) {
+  raster_tiles = std::clamp(raster_tiles, 1, 0xffff);
   size_t smem = size_t(2) * experts * sizeof(int);
   if (index_i64) {
     auto k = route_by_expert_kernel<int64_t>;
     if (smem > 48 * 1024)
       MOEX_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     k<<<1, kRouteThreads, smem, stream>>>(static_cast<const int64_t*>(idx), pairs, experts,
-                                          tile_rows, offsets, sorted_pair, pos_of_pair, tiles,
-                                          max_tiles, num_tiles);
+                                          tile_rows, raster_tiles, offsets, sorted_pair,
+                                          pos_of_pair, tiles, max_tiles, num_tiles);
   } else {
     auto k = route_by_expert_kernel<int32_t>;
     if (smem > 48 * 1024)
       MOEX_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     k<<<1, kRouteThreads, smem, stream>>>(static_cast<const int32_t*>(idx), pairs, experts,
-                                          tile_rows, offsets, sorted_pair, pos_of_pair, tiles,
-                                          max_tiles, num_tiles);
+                                          tile_rows, raster_tiles, offsets, sorted_pair,
+                                          pos_of_pair, tiles, max_tiles, num_tiles);
   }
   MOEX_CUDA_CHECK_LAUNCH(route_by_expert_kernel);
 }
