@@ -230,6 +230,20 @@ TEST(CudaPlan, GroupedUsesWgmmaOnHopper) {
   if (d.major == 9 && d.minor == 0 && !off && !no_cluster)
     EXPECT_NE(plan.find("2-CTA clusters"), std::string::npos) << plan;
   else EXPECT_EQ(plan.find("2-CTA clusters"), std::string::npos) << plan;
+  // The down GEMM of short K (1408 here) on ping-pong warpgroups, of long K (Mixtral's 14336)
+  // cooperative, unless MOEX_WGMMA_PINGPONG says otherwise.
+  if (d.major == 9 && d.minor == 0 && !off && no_cluster && !forced &&
+      !std::getenv("MOEX_WGMMA_PINGPONG")) {
+    EXPECT_NE(plan.find("down GEMM on ping-pong"), std::string::npos) << plan;
+    moex::cuda::ExpertsArgs m = a;
+    m.experts = 8;
+    m.top_k = 2;
+    m.hidden = 4096;
+    m.intermediate = 14336;
+    const std::string mp = moex::cuda::describe_plan(m, moex::cuda::Algo::kGrouped);
+    EXPECT_NE(mp.find("wgmma (sm_90a) tiles of 128 rows"), std::string::npos) << mp;
+    EXPECT_EQ(mp.find("ping-pong"), std::string::npos) << mp;
+  }
   // 32 rows per expert: 64-row wgmma tiles on Hopper (one pass over each expert's weights),
   // 16-row mma.sync tiles elsewhere.
   a.tokens = 480;

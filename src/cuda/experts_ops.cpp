@@ -241,6 +241,9 @@ std::string describe_plan(const ExpertsArgs& a, Algo algo) {
   if (mma && rows == 256 && wgmma_ok(a))
     return s + ": TMA + wgmma (sm_90a) tiles of 128 rows in 2-CTA clusters sharing each weight "
                "tile";
+  if (mma && rows == 128 && wgmma_ok(a) &&
+      grouped_gemm_wgmma_pingpong(GemmKind::kDown, int(a.intermediate)))
+    return s + ": TMA + wgmma (sm_90a) tiles of 128 rows, down GEMM on ping-pong warpgroups";
   if (mma && (rows == 64 || rows == 128) && wgmma_ok(a))
     return s + ": TMA + wgmma (sm_90a) tiles of " + std::to_string(rows) + " rows";
   return s + (mma ? ": mma.sync tiles of " : ": SIMT tiles of ") + std::to_string(rows) + " rows";

@@ -69,6 +69,22 @@ bool grouped_gemm_wgmma_clusters() {
   return on;
 }
 
+bool grouped_gemm_wgmma_pingpong(GemmKind kind, int K) {
+  static const int forced = [] {  // -1: the policy; else bit 0: gate_up, bit 1: down
+    const char* e = std::getenv("MOEX_WGMMA_PINGPONG");
+    if (!e) return -1;
+    const std::string s = e;
+    return s == "both" ? 3 : s == "gate_up" ? 1 : s == "down" ? 2 : 0;
+  }();
+  if (forced >= 0) return (forced >> (kind == GemmKind::kDown ? 1 : 0)) & 1;
+  // Measured on the H200 (docs/cuda.md, "Ping-pong for short down GEMMs"): with K = 1408 / 2048
+  // (Qwen1.5-MoE, DeepSeek-V3) an item of the down GEMM is 22-32 k steps and its fp32 epilogue
+  // a large share of it, which ping-pong takes off the critical path (DeepSeek T = 4096 -5.6%,
+  // Qwen T = 4096 -2.6%); with K = 14336 (Mixtral) the epilogue is a small share and the narrower
+  // 128-column tiles cost more (T = 16384 +1-4%). gate_up is slower with ping-pong on all three.
+  return kind == GemmKind::kDown && K <= 2048;
+}
+
 int grouped_gemm_raster_tiles(int tile_rows) {
   static const int rows = [] {
     const char* e = std::getenv("MOEX_WGMMA_RASTER");

@@ -36,17 +36,6 @@ constexpr int wgmma_stages() {
   return (200 * 1024) / ((64 * kConsumers + BNB) * kWgmmaBK * int(sizeof(T)));
 }
 
-// Ping-pong scheduling of the two consumer warpgroups (grouped_gemm_wgmma.cuh) per GEMM:
-// MOEX_WGMMA_PINGPONG = none | gate_up | down | both (measurements).
-inline bool wgmma_pingpong(GemmKind kind) {
-  static const int v = [] {  // bit 0: gate_up, bit 1: down
-    const char* e = std::getenv("MOEX_WGMMA_PINGPONG");
-    const std::string s = e ? e : "none";
-    return s == "both" ? 3 : s == "gate_up" ? 1 : s == "down" ? 2 : 0;
-  }();
-  return (v >> (kind == GemmKind::kDown ? 1 : 0)) & 1;
-}
-
 template <class T, GemmKind kKind, int kGroups, int BNB, int kConsumers, bool kPing = false,
           int kCluster = 1>
 void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
@@ -126,7 +115,8 @@ template <class T, GemmKind kKind, int kGroups>
 void launch_wgmma_rows(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {
   if (tile_rows == 256) launch_wgmma_instance<T, kKind, kGroups, 256, 2, false, 2>(a, stream);
   else if (tile_rows == 64) launch_wgmma_width<T, kKind, kGroups, 1>(a, stream);
-  else if (wgmma_pingpong(kKind)) launch_wgmma_instance<T, kKind, kGroups, 128, 2, true>(a, stream);
+  else if (grouped_gemm_wgmma_pingpong(kKind, a.K))
+    launch_wgmma_instance<T, kKind, kGroups, 128, 2, true>(a, stream);
   else launch_wgmma_width<T, kKind, kGroups, 2>(a, stream);
 }
 

@@ -93,6 +93,11 @@ void launch_grouped_gemm_mma(const GroupedGemmArgs& a, int tile_rows, cudaStream
 bool grouped_gemm_wgmma_supported(const GroupedGemmArgs& a);
 // Whether grouped_mm's large tiles run as 256-row cluster pairs (MOEX_WGMMA_CLUSTER=1: yes).
 bool grouped_gemm_wgmma_clusters();
+// Whether a GEMM of this kind and reduction length K on 128-row tiles runs the ping-pong
+// consumer warpgroups (each takes whole 128 x 128 items in turn; else both share 128 x 256
+// items): the down GEMM when K <= 2048. MOEX_WGMMA_PINGPONG = none | gate_up | down | both
+// overrides it (measurements).
+bool grouped_gemm_wgmma_pingpong(GemmKind kind, int K);
 // Tiles per raster group for route tiles of `tile_rows` rows: about 1024 rows of A (8 tiles of
 // 128 rows), whose K columns stay in L2 while the group's weight blocks stream past once.
 // MOEX_WGMMA_RASTER=n sets n tiles of 128 rows' worth (measurements).
