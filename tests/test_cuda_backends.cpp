@@ -7,8 +7,11 @@
 // Every test skips cleanly where no GPU exists (CI).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "moex/experts.hpp"
 #include "support/test_support.hpp"
@@ -22,6 +25,7 @@ TEST(CudaBackends, SkippedInCpuOnlyBuild) { GTEST_SKIP() << "built without CUDA 
 
 #include "cuda/backends.hpp"
 #include "cuda/experts_ops.hpp"
+#include "cuda/launchers.hpp"
 #include "cuda/runtime.hpp"
 
 using namespace moex;
@@ -67,6 +71,19 @@ TEST_P(CudaConsistency, AllLayoutsTensorCoreSizes) {
         ExpertsSpec s = make_experts_spec(l, T == 1000 ? 3 : 9, 136, 72, Activation::kSilu);
         check_case(GetParam(), s, dt, T, 2, RoutingCase::kRandom, ++seed);
       }
+}
+
+// Experts with many large tiles: more than one raster group per expert (Tile::group), and on
+// Hopper an expert's last tile of at most 128 rows, which a 2-CTA cluster splits by column
+// blocks; gate_up has an odd number of column blocks (I = 300: 3 of 128), so rank 1 of the last
+// pair has no columns there.
+TEST_P(CudaConsistency, ManyTilesPerExpert) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 12500;
+  for (auto [E, dt] : {std::pair{3, DType::kF16}, std::pair{5, DType::kBF16}}) {
+    ExpertsSpec s = make_experts_spec({true, false, false, true}, E, 264, 300, Activation::kSilu);
+    check_case(GetParam(), s, dt, 2400, 2, RoutingCase::kRandom, ++seed);
+  }
 }
 
 TEST_P(CudaConsistency, RoutingCases) {
@@ -205,6 +222,28 @@ TEST(CudaPlan, GroupedUsesWgmmaOnHopper) {
   const bool off = env && std::string(env) == "mma";
   if (d.major == 9 && d.minor == 0 && !off) EXPECT_NE(plan.find("wgmma"), std::string::npos) << plan;
   else EXPECT_EQ(plan.find("wgmma"), std::string::npos) << plan;
+  // 273 rows per expert: 2-CTA cluster pairs on Hopper only when asked for (MOEX_WGMMA_CLUSTER=1
+  // or MOEX_CUDA_TILE_ROWS=256).
+  const char* cl = std::getenv("MOEX_WGMMA_CLUSTER");
+  const char* forced = std::getenv("MOEX_CUDA_TILE_ROWS");
+  const bool no_cluster = forced ? std::string(forced) != "256" : !(cl && std::string(cl) == "1");
+  if (d.major == 9 && d.minor == 0 && !off && !no_cluster)
+    EXPECT_NE(plan.find("2-CTA clusters"), std::string::npos) << plan;
+  else EXPECT_EQ(plan.find("2-CTA clusters"), std::string::npos) << plan;
+  // The down GEMM of short K (1408 here) on ping-pong warpgroups, of long K (Mixtral's 14336)
+  // cooperative, unless MOEX_WGMMA_PINGPONG says otherwise.
+  if (d.major == 9 && d.minor == 0 && !off && no_cluster && !forced &&
+      !std::getenv("MOEX_WGMMA_PINGPONG")) {
+    EXPECT_NE(plan.find("down GEMM on ping-pong"), std::string::npos) << plan;
+    moex::cuda::ExpertsArgs m = a;
+    m.experts = 8;
+    m.top_k = 2;
+    m.hidden = 4096;
+    m.intermediate = 14336;
+    const std::string mp = moex::cuda::describe_plan(m, moex::cuda::Algo::kGrouped);
+    EXPECT_NE(mp.find("wgmma (sm_90a) tiles of 128 rows"), std::string::npos) << mp;
+    EXPECT_EQ(mp.find("ping-pong"), std::string::npos) << mp;
+  }
   // 32 rows per expert: 64-row wgmma tiles on Hopper (one pass over each expert's weights),
   // 16-row mma.sync tiles elsewhere.
   a.tokens = 480;
@@ -219,6 +258,69 @@ TEST(CudaPlan, GroupedUsesWgmmaOnHopper) {
   a.tokens = 4096;
   EXPECT_EQ(moex::cuda::describe_plan(a, moex::cuda::Algo::kGrouped).find("wgmma"),
             std::string::npos);
+}
+
+// route_by_expert's tile table: each expert's tiles in order, cut into round(n / raster_tiles)
+// raster groups of about equal size that never span two experts (the wgmma kernel's work order
+// depends on it: a wrong group would compute some tiles twice and others never).
+TEST(CudaRoute, TilesAndRasterGroups) {
+  SKIP_WITHOUT_GPU();
+  using moex::cuda::Tile;
+  const int experts = 7, top_k = 1;
+  std::vector<int64_t> ids;
+  // Expert e gets counts[e] pairs: 0, 1, a tile, a tile + 1, 9 tiles, 17 tiles - 1, 300.
+  const std::vector<int> counts = {0, 1, 128, 129, 9 * 128, 17 * 128 - 1, 300};
+  for (int e = experts - 1; e >= 0; --e)
+    for (int i = 0; i < counts[e]; ++i) ids.push_back(e);
+  const int64_t pairs = int64_t(ids.size());
+  for (int tile_rows : {64, 128, 256})
+    for (int raster : {1, 4, 8}) {
+      const int max_tiles = int(moex::cuda::route_max_tiles(pairs, experts, tile_rows));
+      Tensor idx = Tensor::from_ints(ids, {pairs / top_k, top_k}).to(Device::cuda());
+      Tensor ints = Tensor::zeros({int64_t(experts) + 1 + 2 * pairs + 1}, DType::kI32, Device::cuda());
+      Tensor tiles = Tensor::zeros({int64_t(max_tiles) * 4}, DType::kI32, Device::cuda());
+      int* base = static_cast<int*>(ints.raw());
+      moex::cuda::launch_route_by_expert(idx.raw(), true, pairs, experts, tile_rows, raster, base,
+                                         base + experts + 1, base + experts + 1 + pairs,
+                                         static_cast<Tile*>(tiles.raw()), max_tiles,
+                                         base + experts + 1 + 2 * pairs,
+                                         moex::cuda::current_stream());
+      moex::cuda::synchronize();
+      const std::vector<float> all = ints.to(Device::cpu()).to_float_vector();
+      const int num_tiles = int(all.back());
+      std::vector<Tile> t(static_cast<size_t>(max_tiles));
+      moex::cuda::copy_bytes(t.data(), Device::cpu(), tiles.raw(), Device::cuda(),
+                             t.size() * sizeof(Tile));
+      int expect_tiles = 0;
+      for (int c : counts) expect_tiles += (c + tile_rows - 1) / tile_rows;
+      ASSERT_EQ(num_tiles, expect_tiles) << tile_rows;
+      int i = 0, row = 0;
+      for (int e = 0; e < experts; ++e) {
+        const int n = (counts[e] + tile_rows - 1) / tile_rows;
+        const int groups = std::max(1, (n + raster / 2) / raster);  // round(n / raster)
+        for (int j = 0; j < n; ++j, ++i) {
+          SCOPED_TRACE("tile_rows " + std::to_string(tile_rows) + " raster " +
+                       std::to_string(raster) + " expert " + std::to_string(e) + " tile " +
+                       std::to_string(j));
+          EXPECT_EQ(t[i].expert, e);
+          EXPECT_EQ(t[i].row_start, row + j * tile_rows);
+          EXPECT_EQ(t[i].rows, std::min(tile_rows, counts[e] - j * tile_rows));
+          const int size = t[i].group >> 16, within = t[i].group & 0xffff;
+          ASSERT_GE(size, 1);
+          ASSERT_LT(within, size);
+          EXPECT_LE(size, raster + (raster + 1) / 2);
+          // Sizes differ by at most one within the expert, and the groups cover it exactly:
+          EXPECT_GE(size, n / groups);
+          EXPECT_LE(size, (n + groups - 1) / groups);
+          const int first = j - within;
+          ASSERT_GE(first, 0);
+          ASSERT_LE(first + size, n);  // never into the next expert
+          for (int q = first; q < first + size; ++q)
+            EXPECT_EQ(t[i - j + q].group, (size << 16) | (q - first));
+        }
+        row += counts[e];
+      }
+    }
 }
 
 TEST(CudaRuntime, CapsAndRegistry) {

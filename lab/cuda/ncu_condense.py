@@ -11,7 +11,8 @@ KEYS = [("gpu__time_duration.sum", "t"), ("sm__cycles_elapsed.avg.per_second", "
         ("dram__bytes_read.sum", "dram_read"), ("lts__t_bytes.sum", "l2_bytes"),
         ("lts__t_sector_hit_rate.pct", "l2_hit%"),
         ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "l2%"),
-        ("launch__cluster_dim_x", "cluster_x")]
+        ("launch__cluster_dim_x", "cluster_x"), ("launch__grid_size", "grid"),
+        ("sm__cycles_active.avg.pct_of_peak_sustained_elapsed", "sm_active%")]
 
 
 def short(name):
@@ -41,5 +42,5 @@ for path in sys.argv[1:]:
         t = r.get("gpu__time_duration.sum", ("0", "us"))
         if t[1] == "us" and float(t[0]) < 20:
             continue
-        cells = ["%s=%s%s" % (lab, *r[k]) if k in r else "%s=?" % lab for k, lab in KEYS]
+        cells = ["%s=%s%s" % (lab, *r[k]) for k, lab in KEYS if k in r]
         print("  %-80s %s" % (r["name"][:100], " ".join(cells)))

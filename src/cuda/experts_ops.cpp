@@ -139,7 +139,7 @@ void run_gemms(const ExpertsArgs& a, const Workspace& w, bool mma, int tile_rows
                cudaStream_t s) {
   GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
   GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
-  if (mma && (tile_rows == 64 || tile_rows == 128) && wgmma_ok(a)) {
+  if (mma && (tile_rows == 64 || tile_rows == 128 || tile_rows == 256) && wgmma_ok(a)) {
     const int64_t P = pairs_of(a);
     g1.a_rows = g2.a_rows = P;
     launch_gather_sorted(a.hidden_states, w.sorted_pair, w.offsets + a.experts, a.top_k, P,
@@ -162,7 +162,7 @@ void run_combine(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
 
 void run_eager(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
   const int64_t P = pairs_of(a);
-  launch_route_by_expert(a.top_k_index, a.index_i64, P, a.experts, int(std::max<int64_t>(P, 1)),
+  launch_route_by_expert(a.top_k_index, a.index_i64, P, a.experts, int(std::max<int64_t>(P, 1)), 1,
                          w.offsets, w.sorted_pair, w.pos_of_pair, w.tiles, w.max_tiles,
                          w.num_tiles, s);
   std::vector<int> offsets(size_t(a.experts) + 1);
@@ -210,12 +210,13 @@ int grouped_tile_rows(const ExpertsArgs& a) {
   if (!mma_ok(a)) return kSimtTileRows;
   int64_t P = pairs_of(a);
   int64_t active = std::max<int64_t>(1, std::min<int64_t>(a.experts, P));
-  // MOEX_CUDA_TILE_ROWS=16|64|128 overrides the policy (measuring the switch points).
+  // MOEX_CUDA_TILE_ROWS=16|64|128|256 overrides the policy (measuring the switch points).
   static const int forced = [] {
     const char* e = std::getenv("MOEX_CUDA_TILE_ROWS");
     const int v = e ? std::atoi(e) : 0;
-    return v == 16 || v == 64 || v == 128 ? v : 0;
+    return v == 16 || v == 64 || v == 128 || v == 256 ? v : 0;
   }();
+  if (forced == 256) return wgmma_ok(a) ? 256 : 128;  // (cluster pairs exist on Hopper only)
   if (forced) return forced;
   // Measured on the H200 (docs/cuda.md, "Tile rows"): 16-row mma.sync tiles win up to ~20 rows
   // per expert (Qwen T = 256: 0.301 ms vs 0.348 with 64-row wgmma tiles); at ~32 rows 64-row
@@ -224,7 +225,10 @@ int grouped_tile_rows(const ExpertsArgs& a) {
   const int64_t rows = P / active;
   if (rows <= 24) return 16;
   if (rows <= 48) return wgmma_ok(a) ? 64 : 16;
-  return 128;
+  // 128-row tiles; on Hopper with MOEX_WGMMA_CLUSTER=1, 256-row route tiles computed by CTA
+  // pairs that share each weight tile (as transformers' CUTLASS kernel does; slower here on most
+  // rows, docs/cuda.md).
+  return wgmma_ok(a) && grouped_gemm_wgmma_clusters() ? 256 : 128;
 }
 
 std::string describe_plan(const ExpertsArgs& a, Algo algo) {
@@ -234,6 +238,12 @@ std::string describe_plan(const ExpertsArgs& a, Algo algo) {
   if (algo == Algo::kBatched)
     return s + (mma ? ": one 16-row mma.sync tile per pair" : ": one SIMT tile per pair");
   const int rows = grouped_tile_rows(a);
+  if (mma && rows == 256 && wgmma_ok(a))
+    return s + ": TMA + wgmma (sm_90a) tiles of 128 rows in 2-CTA clusters sharing each weight "
+               "tile";
+  if (mma && rows == 128 && wgmma_ok(a) &&
+      grouped_gemm_wgmma_pingpong(GemmKind::kDown, int(a.intermediate)))
+    return s + ": TMA + wgmma (sm_90a) tiles of 128 rows, down GEMM on ping-pong warpgroups";
   if (mma && (rows == 64 || rows == 128) && wgmma_ok(a))
     return s + ": TMA + wgmma (sm_90a) tiles of " + std::to_string(rows) + " rows";
   return s + (mma ? ": mma.sync tiles of " : ": SIMT tiles of ") + std::to_string(rows) + " rows";
@@ -258,7 +268,8 @@ void run_experts(const ExpertsArgs& a, Algo algo, void* workspace, cudaStream_t 
     }
     case Algo::kGrouped: {
       int rows = grouped_tile_rows(a);
-      launch_route_by_expert(a.top_k_index, a.index_i64, P, a.experts, rows, w.offsets,
+      launch_route_by_expert(a.top_k_index, a.index_i64, P, a.experts, rows,
+                             grouped_gemm_raster_tiles(rows), w.offsets,
                              w.sorted_pair, w.pos_of_pair, w.tiles, w.max_tiles, w.num_tiles, s);
       run_gemms(a, w, mma_ok(a), rows, s);
       run_combine(a, w, s);

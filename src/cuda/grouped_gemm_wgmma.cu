@@ -2,6 +2,7 @@
 // makes gate_up's A contiguous, and the element-type dispatch.
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -57,6 +58,42 @@ CUtensorMap encode_tensor_map_2d(const void* base, bool bf16, int64_t rows, int6
   return map;
 }
 
+bool grouped_gemm_wgmma_clusters() {
+  // Off by default: on the H200 the pairs were slower than single CTAs on 8 of 10 compute-bound
+  // rows (Qwen up to 20%, DeepSeek T = 16384 14%) and faster only at DeepSeek T = 4096 (2%
+  // over the single-CTA kernel with setmaxnreg); docs/cuda.md, "2-CTA clusters".
+  static const bool on = [] {
+    const char* e = std::getenv("MOEX_WGMMA_CLUSTER");
+    return e && std::string(e) == "1";
+  }();
+  return on;
+}
+
+bool grouped_gemm_wgmma_pingpong(GemmKind kind, int K) {
+  static const int forced = [] {  // -1: the policy; else bit 0: gate_up, bit 1: down
+    const char* e = std::getenv("MOEX_WGMMA_PINGPONG");
+    if (!e) return -1;
+    const std::string s = e;
+    return s == "both" ? 3 : s == "gate_up" ? 1 : s == "down" ? 2 : 0;
+  }();
+  if (forced >= 0) return (forced >> (kind == GemmKind::kDown ? 1 : 0)) & 1;
+  // Measured on the H200 (docs/cuda.md, "Ping-pong for short down GEMMs"): with K = 1408 / 2048
+  // (Qwen1.5-MoE, DeepSeek-V3) an item of the down GEMM is 22-32 k steps and its fp32 epilogue
+  // a large share of it, which ping-pong takes off the critical path (DeepSeek T = 4096 -5.6%,
+  // Qwen T = 4096 -2.6%); with K = 14336 (Mixtral) the epilogue is a small share and the narrower
+  // 128-column tiles cost more (T = 16384 +1-4%). gate_up is slower with ping-pong on all three.
+  return kind == GemmKind::kDown && K <= 2048;
+}
+
+int grouped_gemm_raster_tiles(int tile_rows) {
+  static const int rows = [] {
+    const char* e = std::getenv("MOEX_WGMMA_RASTER");
+    const int r = e ? std::atoi(e) : 0;
+    return 128 * (r > 0 ? r : kWgmmaRasterTiles);
+  }();
+  return std::max(1, rows / std::max(1, tile_rows));
+}
+
 bool grouped_gemm_wgmma_supported(const GroupedGemmArgs& a) {
   if (wgmma_disabled()) return false;
   if (a.elem == Elem::kF32 || a.transposed) return false;
@@ -71,8 +108,8 @@ bool grouped_gemm_wgmma_supported(const GroupedGemmArgs& a) {
 
 void launch_grouped_gemm_wgmma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {
   if (a.max_tiles <= 0) return;
-  if (tile_rows != 64 && tile_rows != 128)
-    throw Error("launch_grouped_gemm_wgmma: tile_rows must be 64 or 128, got " +
+  if (tile_rows != 64 && tile_rows != 128 && tile_rows != 256)
+    throw Error("launch_grouped_gemm_wgmma: tile_rows must be 64, 128 or 256, got " +
                 std::to_string(tile_rows));
   if (!a.a_sorted || a.a_rows <= 0 || a.w_rows_total <= 0)
     throw Error("launch_grouped_gemm_wgmma: A must be in sorted order (a_sorted, a_rows) and "

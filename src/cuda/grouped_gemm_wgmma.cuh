@@ -36,7 +36,11 @@
 
 namespace moex::cuda {
 
-constexpr int kWgmmaBK = 64;   // k per stage: one 128-byte swizzled row of bf16 / f16
+constexpr int kWgmmaBK = 64;
+#ifndef MOEX_WGMMA_SETMAXNREG
+#define MOEX_WGMMA_SETMAXNREG 1
+#endif
+constexpr bool kWgmmaSetMaxNReg = MOEX_WGMMA_SETMAXNREG;  // (-DMOEX_WGMMA_SETMAXNREG=0: A/B)   // k per stage: one 128-byte swizzled row of bf16 / f16
 // kConsumers consumer warpgroups of 64 rows each: the tile has 64 * kConsumers rows (= the route
 // tile rows), the block 128 * (kConsumers + 1) threads.
 constexpr int wgmma_threads(int consumers) { return 128 * (consumers + 1); }
@@ -51,21 +55,27 @@ struct WgmmaSmem {
   static constexpr size_t kBytes = size_t(kBarOffset) + 2 * STAGES * sizeof(uint64_t) + 1024;
 };
 
-// Work item -> (tile, column block). Items are rastered in groups of `raster` tiles: within
-// a group the tile index runs fastest, then the column block. The CTAs resident at one time then
-// cover a few tiles (their A rows stay in L2) times many column blocks, and every weight block
-// they read is shared by the group's tiles of the same expert at about the same time (a plain
-// tile-fastest order re-reads A from HBM once per column block when A exceeds L2; a plain
-// column-fastest order re-reads the weights once per tile when an expert has many tiles).
+// Work item -> (tile, column block). Items run through raster groups in tile order: a group is
+// about 8 (4 to 12) consecutive 128-row tiles of *one* expert (route_by_expert cuts each
+// expert's tiles into groups of about equal size, Tile::group), and within a group the tile index runs fastest,
+// then the column block. The CTAs resident at one time then cover the group's few tiles (their
+// A rows stay in L2) times many column blocks, and each weight block of the expert is read by
+// all of the group's tiles at about the same time, so it comes from DRAM once per group. (A
+// plain tile-fastest order re-reads A from HBM once per column block when A exceeds L2; a plain
+// column-fastest order re-reads the weights once per tile; fixed groups of 8 tiles straddle
+// experts, so an expert with 9 tiles had its weights read twice, ncu numbers in docs/cuda.md.)
+// Group g covers items [first_tile(g) * nblocks, (first_tile(g) + size(g)) * nblocks), so the
+// group of an item is the group of tile item / nblocks.
 constexpr int kWgmmaRasterTiles = 8;
 struct WorkItem {
   int tile, nb;
 };
-__device__ __forceinline__ WorkItem work_item(int item, int num_tiles, int nblocks, int raster) {
-  const int per_group = raster * nblocks;
-  const int g = item / per_group, within = item % per_group;
-  const int g_tiles = min(raster, num_tiles - g * raster);
-  return {g * raster + within % g_tiles, within / g_tiles};
+__device__ __forceinline__ WorkItem work_item(int item, int nblocks, const Tile* tiles) {
+  const int t0 = item / nblocks;
+  const int g = tiles[t0].group;
+  const int first = t0 - (g & 0xffff), size = max(1, g >> 16);
+  const int local = item - first * nblocks;
+  return {first + local % size, local / size};
 }
 
 // Two ways to use the two consumer warpgroups of a 128-row tile (kConsumers == 2):
@@ -76,22 +86,41 @@ __device__ __forceinline__ WorkItem work_item(int item, int num_tiles, int nbloc
 //    thread). The ring holds the items' k steps in order, so warpgroup B's main loop starts when
 //    A's has issued its last MMAs and runs while A does its epilogue: the epilogue (activation,
 //    stores) leaves the critical path. A named barrier hands the turn over (see below).
-template <class T, GemmKind kKind, int kGroups, int BNB, int STAGES, int kConsumers, bool kPing>
+//
+// Clusters (kCluster == 2, cooperative 128-row CTAs only): the route table has 256-row tiles
+// (one expert each) and the two CTAs of a cluster take the same work item, rank r computing rows
+// [128 r, 128 r + 128) of it against the same weight column block. Each CTA loads its own A
+// rows and one half of the B stage (gated: the gate rows or the up rows; otherwise 128 of the
+// 256 weight rows) and multicasts that half to both CTAs, so every weight tile crosses L2 once
+// per pair instead of once per CTA (transformers' CUTLASS kernel does the same; ncu numbers in
+// docs/cuda.md). A stage is free again only when the consumers of *both* CTAs are done with it,
+// since the partner's producer writes into this CTA's ring: the empty barriers count both CTAs'
+// consumer warps, and each consumer warp arrives on its own CTA's barrier and the partner's.
+// A tile of at most 128 rows is split by column blocks between the two CTAs instead (see the
+// consumers). A rank whose part of an item has no rows or columns still loads, multiplies
+// (nothing stored) and releases every stage, keeping the pair in step.
+template <class T, GemmKind kKind, int kGroups, int BNB, int STAGES, int kConsumers, bool kPing,
+          int kCluster = 1>
 __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tma_a,
                               const __grid_constant__ CUtensorMap tma_b, GemmParams p,
-                              int b_rows_per_expert, int raster) {
+                              int b_rows_per_expert) {
   constexpr int BK = kWgmmaBK;
   constexpr int BN = BNB / kGroups;  // output columns of the tile
   using S = WgmmaSmem<T, BNB, STAGES, kConsumers>;
   static_assert(!kPing || (kConsumers == 2 && BNB == 128), "ping-pong: two warpgroups, m64n128");
+  static_assert(kCluster == 1 || (kCluster == 2 && !kPing && kConsumers == 2),
+                "clusters: cooperative 128-row CTAs");
   constexpr int kHalves = kPing ? 2 : 1;  // 64-row halves of the tile one warpgroup computes
+  constexpr int kBM = 64 * kConsumers;    // rows of this CTA's part of a tile
 
-  // Persistent: CTA b takes items b, b + gridDim.x, ... of num_tiles x nblocks.
+  // Persistent: CTA (cluster) b takes items b, b + grid, ... of num_tiles x nblocks.
   const int num_tiles = *p.num_tiles;
   const int nblocks = (p.N + BN - 1) / BN;
   const int items = num_tiles * nblocks;
-  if (int(blockIdx.x) >= items) return;
+  const int first = int(blockIdx.x) / kCluster, stride = int(gridDim.x) / kCluster;
+  if (first >= items) return;  // (both CTAs of a cluster leave together)
+  const int rank = kCluster == 2 ? int(sm90::cluster_ctarank()) : 0;
 
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -107,32 +136,53 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
     sm90::tma_prefetch_desc(&tma_b);
     for (int s = 0; s < STAGES; ++s) {
       sm90::mbar_init(&full[s], 1);
-      // One arrival per warp of the warpgroup(s) that consume the stage.
-      sm90::mbar_init(&empty[s], kPing ? 4 : 4 * kConsumers);
+      // One arrival per warp of the warpgroup(s) that consume the stage, in every CTA of the
+      // cluster that the stage's loads write to.
+      sm90::mbar_init(&empty[s], (kPing ? 4 : 4 * kConsumers) * kCluster);
     }
     sm90::fence_mbar_init();
   }
-  __syncthreads();
+  // The partner's first multicast must not reach this CTA's barriers before they exist.
+  if constexpr (kCluster == 2) sm90::cluster_sync();
+  else __syncthreads();
 
   const int KT = (p.K + BK - 1) / BK;
+  // Three warpgroups share 168 registers a thread: the producer keeps 40, the consumers get 232
+  // (40 * 128 + 232 * 256 = 168 * 384), as CUTLASS's warp-specialised kernels do. Without it the
+  // gated kernels spilled (ptxas: 12-156 bytes).
+  constexpr bool kRealloc = kConsumers == 2 && kWgmmaSetMaxNReg;
   if (wg == 0) {
+    if constexpr (kRealloc) sm90::setmaxnreg_dec<40>();
     // ---- producer: runs up to STAGES k steps ahead, across items (it fills the ring for the
     // next item while the consumers run the epilogue of this one) ----
     if (tid == 0) {
       int it = 0;  // k steps issued by this CTA so far: stage = it % STAGES, pass = it / STAGES
-      for (int item = blockIdx.x; item < items; item += gridDim.x) {
-        const WorkItem w = work_item(item, num_tiles, nblocks, raster);
+      for (int item = first; item < items; item += stride) {
+        const WorkItem w = work_item(item, nblocks, p.tiles);
         const Tile tile = p.tiles[w.tile];
-        if (!kPing && tile.rows <= 0) continue;  // (ping-pong: every item counts, see below)
-        const int n0 = w.nb * BN;
+        if (kCluster == 1 && !kPing && tile.rows <= 0) continue;  // (see the consumers)
+        const bool split = kCluster == 2 && tile.rows <= kBM;  // (see the consumers)
+        if (split && 2 * w.nb >= nblocks) continue;
+        const int n0 = (split ? 2 * w.nb + rank : w.nb) * BN;
         const int brow = tile.expert * b_rows_per_expert + n0;
+        const int arow = tile.row_start + (split ? 0 : rank * kBM);
         for (int kb = 0; kb < KT; ++kb, ++it) {
           const int s = it % STAGES;
           if (it >= STAGES) sm90::mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
           sm90::mbar_arrive_expect_tx(&full[s], S::kAStage + S::kBStage);
-          sm90::tma_load_2d(a_smem + s * S::kAStage, &tma_a, &full[s], kb * BK, tile.row_start);
+          sm90::tma_load_2d(a_smem + s * S::kAStage, &tma_a, &full[s], kb * BK, arow);
           unsigned char* b = b_smem + s * S::kBStage;
-          if constexpr (kGroups == 2) {
+          if constexpr (kCluster == 2) {
+            // Halves of the stage (gated: gate rows / up rows; else 128 of BNB rows): this
+            // rank's, multicast to the pair, or (split) both, for this CTA alone.
+            constexpr int half_rows = BNB / 2;
+            for (int h = split ? 0 : rank; h < (split ? 2 : rank + 1); ++h) {
+              unsigned char* dst = b + h * half_rows * BK * int(sizeof(T));
+              const int row = kGroups == 2 ? brow + h * p.I : brow + h * half_rows;
+              if (split) sm90::tma_load_2d(dst, &tma_b, &full[s], kb * BK, row);
+              else sm90::tma_load_2d_multicast(dst, &tma_b, &full[s], kb * BK, row, uint16_t(0x3));
+            }
+          } else if constexpr (kGroups == 2) {
             sm90::tma_load_2d(b, &tma_b, &full[s], kb * BK, brow);
             sm90::tma_load_2d(b + BN * BK * int(sizeof(T)), &tma_b, &full[s], kb * BK,
                               brow + p.I);
@@ -142,98 +192,122 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
         }
       }
     }
-    return;
-  }
-
-  // ---- consumers ----
-  // Ping-pong: warpgroup c takes the CTA's items n = c, c + 2, ... (n counts this CTA's items;
-  // none is skipped, so both warpgroups and the producer agree on the ring index of every k step).
-  // Before its first full-barrier wait on item n >= 1, a warpgroup waits on named barrier 1 + c
-  // until the other has *issued* every MMA of item n - 1: only then is the ring at most one
-  // phase behind item n's first stage (a parity wait further ahead could pass on an old phase),
-  // and it keeps the two main loops from interleaving (each item finishes as early as possible).
-  const int c = wg - 1;
-  const int lane = tid % 32, warp = (tid % 128) / 32;
-  constexpr int NACC = BNB / 2;
-  float acc[kHalves][NACC];
-  int it = 0;
-  const int my_items = (items - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
-  for (int n = 0; n < my_items; ++n) {
-    const int item = int(blockIdx.x) + n * int(gridDim.x);
-    if (kPing && (n & 1) != c) {
-      it += KT;  // the other warpgroup's item
-      continue;
-    }
-    const WorkItem w = work_item(item, num_tiles, nblocks, raster);
-    const Tile tile = p.tiles[w.tile];
-    if (!kPing && tile.rows <= 0) continue;
-    const int n0 = w.nb * BN;
-    if (kPing && n > 0) sm90::named_bar_sync(1 + c, 256);
+  } else {
+    if constexpr (kRealloc) sm90::setmaxnreg_inc<232>();
+    // ---- consumers ----
+    // Ping-pong: warpgroup c takes the CTA's items n = c, c + 2, ... (n counts this CTA's
+    // items; none is skipped, so both warpgroups and the producer agree on the ring index of
+    // every k step). Before its first full-barrier wait on item n >= 1, a warpgroup waits on
+    // named barrier 1 + c until the other has *issued* every MMA of item n - 1: only then is
+    // the ring at most one phase behind item n's first stage (a parity wait further ahead could
+    // pass on an old phase), and it keeps the two main loops from interleaving (each item
+    // finishes as early as possible).
+    const int c = wg - 1;
+    const int lane = tid % 32, warp = (tid % 128) / 32;
+    constexpr int NACC = BNB / 2;
+    float acc[kHalves][NACC];
+    int it = 0;
+    const int my_items = (items - first + stride - 1) / stride;
+    // Releases stage `st` (its MMAs have retired): in this CTA, and in the partner's whose
+    // producer multicasts into this CTA's copy of the stage.
+    auto release = [&](int st) {
+      __syncwarp();
+      if (lane == 0) {
+        if constexpr (kCluster == 2) {
+          sm90::mbar_arrive_cluster(&empty[st], 0);
+          sm90::mbar_arrive_cluster(&empty[st], 1);
+        } else {
+          sm90::mbar_arrive(&empty[st]);
+        }
+      }
+    };
+    for (int n = 0; n < my_items; ++n) {
+      const int item = first + n * stride;
+      if (kPing && (n & 1) != c) {
+        it += KT;  // the other warpgroup's item
+        continue;
+      }
+      const WorkItem w = work_item(item, nblocks, p.tiles);
+      const Tile tile = p.tiles[w.tile];
+      if (kCluster == 1 && !kPing && tile.rows <= 0) continue;
+      // Clusters: rank r takes rows [kBM r, kBM r + kBM) of the tile against column block nb,
+      // except on a tile of at most kBM rows (an expert's last), which the pair splits by
+      // columns instead: rank r takes all its rows against column block 2 nb + r (its own A
+      // and B loads, no multicast), and items with 2 nb >= nblocks have no work. (Rows would
+      // leave rank 1 idle: on Mixtral T = 4096 a third of the experts end in such a tile.)
+      const bool split = kCluster == 2 && tile.rows <= kBM;
+      if (split && 2 * w.nb >= nblocks) continue;
+      const int n0 = (split ? 2 * w.nb + rank : w.nb) * BN;
+      const int row_start = tile.row_start + (split ? 0 : rank * kBM);
+      const int tile_rows = split ? tile.rows : min(tile.rows - rank * kBM, kBM);
+      if (kPing && n > 0) sm90::named_bar_sync(1 + c, 256);
 #pragma unroll
-    for (int m = 0; m < kHalves; ++m)
+      for (int m = 0; m < kHalves; ++m)
 #pragma unroll
-      for (int i = 0; i < NACC; ++i) acc[m][i] = 0.f;
-    for (int kb = 0; kb < KT; ++kb, ++it) {
-      const int s = it % STAGES;
-      sm90::mbar_wait(&full[s], (it / STAGES) & 1);
-      const uint64_t db = sm90::desc_k_major_sw128(b_smem + s * S::kBStage);
+        for (int i = 0; i < NACC; ++i) acc[m][i] = 0.f;
+      for (int kb = 0; kb < KT; ++kb, ++it) {
+        const int s = it % STAGES;
+        sm90::mbar_wait(&full[s], (it / STAGES) & 1);
+        const uint64_t db = sm90::desc_k_major_sw128(b_smem + s * S::kBStage);
+#pragma unroll
+        for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int m = 0; m < kHalves; ++m) {
+          const uint64_t da = sm90::desc_k_major_sw128(
+              a_smem + s * S::kAStage + (kPing ? m : c) * 64 * BK * int(sizeof(T)));
+#pragma unroll
+          for (int k16 = 0; k16 < BK / 16; ++k16)
+            sm90::wgmma_k16<T, BNB>(acc[m], da + 2 * k16, db + 2 * k16);
+        }
+        sm90::wgmma_commit();
+#pragma unroll
+        for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
+        sm90::wgmma_wait<1>();
+#pragma unroll
+        for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
+        // The MMAs of the previous k step have retired: its stage may be overwritten.
+        if (kb > 0) release((it - 1) % STAGES);
+      }
+      // Every MMA of this item is issued: the other warpgroup may start its next item (if any).
+      if (kPing && n + 1 < my_items) sm90::named_bar_arrive(1 + (1 - c), 256);
+      sm90::wgmma_wait<0>();
 #pragma unroll
       for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
-      sm90::wgmma_fence();
+      release((it - 1) % STAGES);
+
+      // ---- epilogue: bias, activation (gate_up) or fp32 (down), two columns per store ----
+      const bool pairs = (p.N % 2) == 0;
 #pragma unroll
       for (int m = 0; m < kHalves; ++m) {
-        const uint64_t da = sm90::desc_k_major_sw128(a_smem + s * S::kAStage +
-                                                     (kPing ? m : c) * 64 * BK * int(sizeof(T)));
+        const int r0 = (kPing ? m : c) * 64 + warp * 16 + lane / 4;
 #pragma unroll
-        for (int k16 = 0; k16 < BK / 16; ++k16)
-          sm90::wgmma_k16<T, BNB>(acc[m], da + 2 * k16, db + 2 * k16);
-      }
-      sm90::wgmma_commit();
+        for (int i = 0; i < BN / 8; ++i) {
+          const int j = n0 + 8 * i + 2 * (lane % 4);
 #pragma unroll
-      for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
-      sm90::wgmma_wait<1>();
-#pragma unroll
-      for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
-      // The MMAs of the previous k step have retired: its stage may be overwritten.
-      if (kb > 0) {
-        __syncwarp();
-        if (lane == 0) sm90::mbar_arrive(&empty[(it - 1) % STAGES]);
-      }
-    }
-    // Every MMA of this item is issued: the other warpgroup may start its next item (if any).
-    if (kPing && n + 1 < my_items) sm90::named_bar_arrive(1 + (1 - c), 256);
-    sm90::wgmma_wait<0>();
-#pragma unroll
-    for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
-    __syncwarp();
-    if (lane == 0) sm90::mbar_arrive(&empty[(it - 1) % STAGES]);
-
-    // ---- epilogue: bias, activation (gate_up) or fp32 (down), two columns per store ----
-    const bool pairs = (p.N % 2) == 0;
-#pragma unroll
-    for (int m = 0; m < kHalves; ++m) {
-      const int r0 = (kPing ? m : c) * 64 + warp * 16 + lane / 4;
-#pragma unroll
-      for (int i = 0; i < BN / 8; ++i) {
-        const int j = n0 + 8 * i + 2 * (lane % 4);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = r0 + h * 8;
-          if (r >= tile.rows || j >= p.N) continue;
-          const float g0a = acc[m][4 * i + 2 * h], g0b = acc[m][4 * i + 2 * h + 1];
-          const float g1a = kGroups == 2 ? acc[m][4 * (i + BN / 8) + 2 * h] : 0.f;
-          const float g1b = kGroups == 2 ? acc[m][4 * (i + BN / 8) + 2 * h + 1] : 0.f;
-          const int pos = tile.row_start + r;
-          if (pairs && j + 1 < p.N) {
-            epilogue_store_pair<T, kKind, kGroups>(p, tile.expert, pos, j, g0a, g1a, g0b, g1b);
-          } else {
-            epilogue_store<T, kKind, kGroups>(p, tile.expert, pos, j, g0a, g1a);
-            if (j + 1 < p.N)
-              epilogue_store<T, kKind, kGroups>(p, tile.expert, pos, j + 1, g0b, g1b);
+          for (int h = 0; h < 2; ++h) {
+            const int r = r0 + h * 8;
+            if (r >= tile_rows || j >= p.N) continue;
+            const float g0a = acc[m][4 * i + 2 * h], g0b = acc[m][4 * i + 2 * h + 1];
+            const float g1a = kGroups == 2 ? acc[m][4 * (i + BN / 8) + 2 * h] : 0.f;
+            const float g1b = kGroups == 2 ? acc[m][4 * (i + BN / 8) + 2 * h + 1] : 0.f;
+            const int pos = row_start + r;
+            if (pairs && j + 1 < p.N) {
+              epilogue_store_pair<T, kKind, kGroups>(p, tile.expert, pos, j, g0a, g1a, g0b, g1b);
+            } else {
+              epilogue_store<T, kKind, kGroups>(p, tile.expert, pos, j, g0a, g1a);
+              if (j + 1 < p.N)
+                epilogue_store<T, kKind, kGroups>(p, tile.expert, pos, j + 1, g0b, g1b);
+            }
           }
         }
       }
     }
+  }
+  // Neither CTA of a pair may exit while the other can still arrive on its barriers.
+  if constexpr (kCluster == 2) {
+    __syncwarp();  // (the producer warp diverged around its loop; .aligned needs it converged)
+    sm90::cluster_sync();
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -29,38 +30,19 @@ inline int wgmma_b_rows() {
   return v;
 }
 
-// Tiles per raster group (work_item); MOEX_WGMMA_RASTER overrides it (measurements).
-inline int wgmma_raster() {
-  static const int v = [] {
-    const char* e = std::getenv("MOEX_WGMMA_RASTER");
-    int r = e ? std::atoi(e) : 0;
-    return r > 0 ? r : kWgmmaRasterTiles;
-  }();
-  return v;
-}
-
 // Stages: as many as fit in ~200 KB of shared memory.
 template <class T, int BNB, int kConsumers>
 constexpr int wgmma_stages() {
   return (200 * 1024) / ((64 * kConsumers + BNB) * kWgmmaBK * int(sizeof(T)));
 }
 
-// Ping-pong scheduling of the two consumer warpgroups (grouped_gemm_wgmma.cuh) per GEMM:
-// MOEX_WGMMA_PINGPONG = none | gate_up | down | both (measurements).
-inline bool wgmma_pingpong(GemmKind kind) {
-  static const int v = [] {  // bit 0: gate_up, bit 1: down
-    const char* e = std::getenv("MOEX_WGMMA_PINGPONG");
-    const std::string s = e ? e : "none";
-    return s == "both" ? 3 : s == "gate_up" ? 1 : s == "down" ? 2 : 0;
-  }();
-  return (v >> (kind == GemmKind::kDown ? 1 : 0)) & 1;
-}
-
-template <class T, GemmKind kKind, int kGroups, int BNB, int kConsumers, bool kPing = false>
+template <class T, GemmKind kKind, int kGroups, int BNB, int kConsumers, bool kPing = false,
+          int kCluster = 1>
 void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
   constexpr int STAGES = wgmma_stages<T, BNB, kConsumers>();
   constexpr int BN = BNB / kGroups;
-  auto kernel = grouped_gemm_wgmma_kernel<T, kKind, kGroups, BNB, STAGES, kConsumers, kPing>;
+  auto kernel =
+      grouped_gemm_wgmma_kernel<T, kKind, kGroups, BNB, STAGES, kConsumers, kPing, kCluster>;
   constexpr size_t smem = WgmmaSmem<T, BNB, STAGES, kConsumers>::kBytes;
   static std::atomic<uint64_t> opted{0};
   const int dev = current_device();
@@ -74,13 +56,50 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
   const int64_t rows_per_expert = a.w_expert_stride / a.K;
   const CUtensorMap ma =
       encode_tensor_map_2d(a.a_sorted, bf, a.a_rows, a.K, 64 * kConsumers, kWgmmaBK);
-  // B: one map over every expert's rows ([E * rows_per_expert, K]).
-  const CUtensorMap mb = encode_tensor_map_2d(a.w, bf, a.w_rows_total, a.K, BN, kWgmmaBK);
+  // B: one map over every expert's rows ([E * rows_per_expert, K]); a cluster's CTAs each load
+  // half of the BNB rows of a stage.
+  const CUtensorMap mb = encode_tensor_map_2d(a.w, bf, a.w_rows_total, a.K,
+                                              kCluster == 2 ? BNB / 2 : BN, kWgmmaBK);
   // Persistent: one CTA per SM (the shared-memory ring allows one), never more than the items.
   const int64_t max_items = int64_t(a.max_tiles) * ((a.N + BN - 1) / BN);
-  dim3 grid(unsigned(std::min<int64_t>(max_items, device_info(current_device()).sm_count)));
-  kernel<<<grid, wgmma_threads(kConsumers), smem, stream>>>(ma, mb, to_params(a),
-                                                            int(rows_per_expert), wgmma_raster());
+  if constexpr (kCluster == 1) {
+    dim3 grid(unsigned(std::min<int64_t>(max_items, device_info(current_device()).sm_count)));
+    kernel<<<grid, wgmma_threads(kConsumers), smem, stream>>>(ma, mb, to_params(a),
+                                                              int(rows_per_expert));
+  } else {
+    cudaLaunchConfig_t cfg{};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kCluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.blockDim = dim3(wgmma_threads(kConsumers));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    // How many pairs fit on the device at once (GPCs with an odd number of free SMs leave one
+    // out), read once per device.
+    static std::atomic<int> fit[64];
+    int clusters = fit[dev & 63].load();
+    if (clusters <= 0) {
+      cfg.gridDim = dim3(unsigned(device_info(dev).sm_count / kCluster * kCluster));
+      MOEX_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+      if (clusters <= 0)
+        throw DeviceError("grouped_gemm_wgmma: no 2-CTA cluster of this kernel fits on the device "
+                          "(set MOEX_WGMMA_CLUSTER=0)");
+      // MOEX_WGMMA_CLUSTERS=n caps the persistent grid at n pairs (measurements: the first H200
+      // run was 1.4-2.0x slower than single CTAs, as if ~45 pairs were running, not 66).
+      if (const char* e = std::getenv("MOEX_WGMMA_CLUSTERS"); e && std::atoi(e) > 0)
+        clusters = std::min(clusters, std::atoi(e));
+      if (std::getenv("MOEX_WGMMA_DEBUG"))
+        std::fprintf(stderr, "moex: grouped_gemm_wgmma: %d clusters of %d CTAs on %d SMs\n",
+                     clusters, kCluster, device_info(dev).sm_count);
+      fit[dev & 63].store(clusters);
+    }
+    cfg.gridDim = dim3(unsigned(kCluster * std::min<int64_t>(max_items, clusters)));
+    MOEX_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ma, mb, to_params(a), int(rows_per_expert)));
+  }
   MOEX_CUDA_CHECK_LAUNCH(grouped_gemm_wgmma_kernel);
 }
 
@@ -90,10 +109,14 @@ void launch_wgmma_width(const GroupedGemmArgs& a, cudaStream_t stream) {
   else launch_wgmma_instance<T, kKind, kGroups, 256, kConsumers>(a, stream);
 }
 
+// tile_rows: 64 (one consumer warpgroup), 128 (two), or 256: route tiles of 256 rows, each
+// computed by a cluster of two 128-row CTAs sharing the weight tiles.
 template <class T, GemmKind kKind, int kGroups>
 void launch_wgmma_rows(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {
-  if (tile_rows == 64) launch_wgmma_width<T, kKind, kGroups, 1>(a, stream);
-  else if (wgmma_pingpong(kKind)) launch_wgmma_instance<T, kKind, kGroups, 128, 2, true>(a, stream);
+  if (tile_rows == 256) launch_wgmma_instance<T, kKind, kGroups, 256, 2, false, 2>(a, stream);
+  else if (tile_rows == 64) launch_wgmma_width<T, kKind, kGroups, 1>(a, stream);
+  else if (grouped_gemm_wgmma_pingpong(kKind, a.K))
+    launch_wgmma_instance<T, kKind, kGroups, 128, 2, true>(a, stream);
   else launch_wgmma_width<T, kKind, kGroups, 2>(a, stream);
 }
 

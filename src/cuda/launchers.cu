@@ -33,23 +33,25 @@ int64_t route_max_tiles(int64_t pairs, int64_t experts, int tile_rows) {
 }
 
 void launch_route_by_expert(const void* idx, bool index_i64, int64_t pairs, int experts,
-                            int tile_rows, int* offsets, int* sorted_pair, int* pos_of_pair,
-                            Tile* tiles, int max_tiles, int* num_tiles, cudaStream_t stream) {
+                            int tile_rows, int raster_tiles, int* offsets, int* sorted_pair,
+                            int* pos_of_pair, Tile* tiles, int max_tiles, int* num_tiles,
+                            cudaStream_t stream) {
+  raster_tiles = std::clamp(raster_tiles, 1, 0xffff);
   size_t smem = size_t(2) * experts * sizeof(int);
   if (index_i64) {
     auto k = route_by_expert_kernel<int64_t>;
     if (smem > 48 * 1024)
       MOEX_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     k<<<1, kRouteThreads, smem, stream>>>(static_cast<const int64_t*>(idx), pairs, experts,
-                                          tile_rows, offsets, sorted_pair, pos_of_pair, tiles,
-                                          max_tiles, num_tiles);
+                                          tile_rows, raster_tiles, offsets, sorted_pair,
+                                          pos_of_pair, tiles, max_tiles, num_tiles);
   } else {
     auto k = route_by_expert_kernel<int32_t>;
     if (smem > 48 * 1024)
       MOEX_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     k<<<1, kRouteThreads, smem, stream>>>(static_cast<const int32_t*>(idx), pairs, experts,
-                                          tile_rows, offsets, sorted_pair, pos_of_pair, tiles,
-                                          max_tiles, num_tiles);
+                                          tile_rows, raster_tiles, offsets, sorted_pair,
+                                          pos_of_pair, tiles, max_tiles, num_tiles);
   }
   MOEX_CUDA_CHECK_LAUNCH(route_by_expert_kernel);
 }
@@ -82,6 +84,10 @@ bool grouped_gemm_mma_supported(const GroupedGemmArgs& a) {
 
 void launch_grouped_gemm_mma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {
   if (a.max_tiles <= 0) return;
+  // (256-row tiles are the Hopper cluster kernel's; this kernel would compute half of each.)
+  if (tile_rows != 16 && tile_rows != 64 && tile_rows != 128)
+    throw Error("launch_grouped_gemm_mma: tile_rows must be 16, 64 or 128, got " +
+                std::to_string(tile_rows));
   if (a.elem == Elem::kBF16) launch_grouped_gemm_mma_bf16(a, tile_rows, stream);
   else launch_grouped_gemm_mma_f16(a, tile_rows, stream);
 }

@@ -16,12 +16,15 @@ enum class Elem : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 size_t elem_size(Elem e);
 
 // A tile of the grouped GEMMs: `rows` consecutive sorted positions starting at `row_start`, all
-// routed to `expert`. rows == 0 marks an unused slot.
+// routed to `expert`. rows == 0 marks an unused slot. `group` places the tile in its raster group
+// (consecutive tiles of one expert that the wgmma kernel computes column block by column block,
+// see work_item in grouped_gemm_wgmma.cuh): (group size << 16) | index within the group; 0 for
+// tiles that are not grouped (route_per_pair).
 struct Tile {
   int expert;
   int row_start;
   int rows;
-  int pad;
+  int group;
 };
 
 // ---- routing ----
@@ -30,12 +33,15 @@ struct Tile {
 //   offsets[E+1]   exclusive prefix sum of tokens per expert (offsets[E] = valid pairs)
 //   sorted_pair[P] pair index at each sorted position (positions >= offsets[E] unused)
 //   pos_of_pair[P] sorted position of each pair, -1 for a sentinel (id >= E or id < 0)
-//   tiles[max_tiles], num_tiles[1]: the tiles of `tile_rows` rows each expert's group splits into
+//   tiles[max_tiles], num_tiles[1]: the tiles of `tile_rows` rows each expert's group splits into,
+//                  each expert's tiles cut into raster groups of at most `raster_tiles` tiles of
+//                  about equal size (Tile::group)
 // max_tiles must be >= route_max_tiles(P, E, tile_rows).
 int64_t route_max_tiles(int64_t pairs, int64_t experts, int tile_rows);
 void launch_route_by_expert(const void* top_k_index, bool index_i64, int64_t pairs, int experts,
-                            int tile_rows, int* offsets, int* sorted_pair, int* pos_of_pair,
-                            Tile* tiles, int max_tiles, int* num_tiles, cudaStream_t stream);
+                            int tile_rows, int raster_tiles, int* offsets, int* sorted_pair,
+                            int* pos_of_pair, Tile* tiles, int max_tiles, int* num_tiles,
+                            cudaStream_t stream);
 // batched_mm's routing: no grouping; pair p is its own tile {id, p, 1} at sorted position p.
 void launch_route_per_pair(const void* top_k_index, bool index_i64, int64_t pairs, int experts,
                            int* sorted_pair, int* pos_of_pair, Tile* tiles, int* num_tiles,
@@ -79,11 +85,23 @@ bool grouped_gemm_mma_supported(const GroupedGemmArgs& a);
 void launch_grouped_gemm_mma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream);
 // Hopper path: TMA + wgmma, warp-specialised (grouped_gemm_wgmma.cuh). Needs a compute
 // capability 9.0 device, bf16 / f16, non-transposed weights, gated layouts concatenated, K a
-// multiple of 8, 16-byte aligned tensors, 64- or 128-row tiles (one or two consumer warpgroups),
-// and A contiguous in sorted order:
+// multiple of 8, 16-byte aligned tensors, 64- or 128-row tiles (one or two consumer warpgroups)
+// or 256-row tiles (a 2-CTA cluster of 128-row CTAs sharing each weight tile), and A contiguous
+// in sorted order:
 // `a_sorted` with `a_rows` rows (gate_up: the gathered hidden rows, see launch_gather_sorted;
 // down: h). MOEX_CUDA_GEMM=mma turns it off (comparisons, bisecting).
 bool grouped_gemm_wgmma_supported(const GroupedGemmArgs& a);
+// Whether grouped_mm's large tiles run as 256-row cluster pairs (MOEX_WGMMA_CLUSTER=1: yes).
+bool grouped_gemm_wgmma_clusters();
+// Whether a GEMM of this kind and reduction length K on 128-row tiles runs the ping-pong
+// consumer warpgroups (each takes whole 128 x 128 items in turn; else both share 128 x 256
+// items): the down GEMM when K <= 2048. MOEX_WGMMA_PINGPONG = none | gate_up | down | both
+// overrides it (measurements).
+bool grouped_gemm_wgmma_pingpong(GemmKind kind, int K);
+// Tiles per raster group for route tiles of `tile_rows` rows: about 1024 rows of A (8 tiles of
+// 128 rows), whose K columns stay in L2 while the group's weight blocks stream past once.
+// MOEX_WGMMA_RASTER=n sets n tiles of 128 rows' worth (measurements).
+int grouped_gemm_raster_tiles(int tile_rows);
 void launch_grouped_gemm_wgmma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream);
 // Any element type and layout, plain fp32 FMA (no tf32): the fallback and the fp32 path.
 constexpr int kSimtTileRows = 32;

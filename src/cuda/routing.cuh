@@ -27,7 +27,7 @@ __device__ __forceinline__ int load_expert(const Index* idx, int64_t p, int expe
 template <class Index>
 __global__ void __launch_bounds__(kRouteThreads)
     route_by_expert_kernel(const Index* __restrict__ idx, int64_t pairs, int experts,
-                           int tile_rows, int* __restrict__ offsets,
+                           int tile_rows, int raster_tiles, int* __restrict__ offsets,
                            int* __restrict__ sorted_pair, int* __restrict__ pos_of_pair,
                            Tile* __restrict__ tiles, int max_tiles, int* __restrict__ num_tiles) {
   extern __shared__ int smem[];
@@ -76,14 +76,25 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
 
   __syncthreads();
-  // Each expert's tile list, from its start and its count (count = next start - start).
+  // Each expert's tile list, from its start and its count (count = next start - start), cut
+  // into G = max(1, round(n / raster_tiles)) raster groups whose sizes differ by at most one
+  // (the first n % G have one tile more), so between raster_tiles / 2 and 1.5 raster_tiles
+  // tiles (an expert of 9 tiles stays one group: two of 5 and 4 would put twice as many weight
+  // blocks in flight at once). A group never spans two experts: the wgmma kernel reads each of
+  // an expert's weight blocks while all of the group's A rows are in L2.
   for (int e = tid; e < experts; e += kRouteThreads) {
     int start = cursor[e];
     int t = tile_first[e];
     // cursor[e+1] may belong to another thread but was written before the last barrier.
     int count_e = (e + 1 < experts ? cursor[e + 1] : carry[0]) - start;
-    for (int r = 0; r < count_e && t < max_tiles; r += tile_rows, ++t)
-      tiles[t] = Tile{e, start + r, min(tile_rows, count_e - r), 0};
+    const int n = (count_e + tile_rows - 1) / tile_rows;
+    const int groups = max(1, (n + raster_tiles / 2) / raster_tiles);
+    const int q = n / groups, big = n % groups;  // sizes: q + 1 (the first `big`), then q
+    for (int j = 0, r = 0; r < count_e && t < max_tiles; r += tile_rows, ++t, ++j) {
+      const int jb = j - big * (q + 1);
+      const int size = jb < 0 ? q + 1 : q, within = jb < 0 ? j % (q + 1) : jb % q;
+      tiles[t] = Tile{e, start + r, min(tile_rows, count_e - r), (size << 16) | within};
+    }
   }
   __syncthreads();
 
