@@ -60,8 +60,8 @@ CUtensorMap encode_tensor_map_2d(const void* base, bool bf16, int64_t rows, int6
 
 bool grouped_gemm_wgmma_clusters() {
   // Off by default: on the H200 the pairs were slower than single CTAs on 8 of 10 compute-bound
-  // rows (Qwen up to 20%, DeepSeek T = 16384 14%) and faster only at DeepSeek T = 4096 (2%
-  // over the single-CTA kernel with setmaxnreg); docs/cuda.md, "2-CTA clusters".
+  // rows (Qwen up to 23%, DeepSeek T = 16384 14%) and faster only at DeepSeek T = 4096 (2%
+  // over the single-CTA kernel with setmaxnreg); docs/cuda.md, "What session 5 changed".
   static const bool on = [] {
     const char* e = std::getenv("MOEX_WGMMA_CLUSTER");
     return e && std::string(e) == "1";
@@ -77,7 +77,7 @@ bool grouped_gemm_wgmma_pingpong(GemmKind kind, int K) {
     return s == "both" ? 3 : s == "gate_up" ? 1 : s == "down" ? 2 : 0;
   }();
   if (forced >= 0) return (forced >> (kind == GemmKind::kDown ? 1 : 0)) & 1;
-  // Measured on the H200 (docs/cuda.md, "Ping-pong for short down GEMMs"): with K = 1408 / 2048
+  // Measured on the H200 (docs/cuda.md, "What session 5 changed"): with K = 1408 / 2048
   // (Qwen1.5-MoE, DeepSeek-V3) an item of the down GEMM is 22-32 k steps and its fp32 epilogue
   // a large share of it, which ping-pong takes off the critical path (DeepSeek T = 4096 -5.6%,
   // Qwen T = 4096 -2.6%); with K = 14336 (Mixtral) the epilogue is a small share and the narrower

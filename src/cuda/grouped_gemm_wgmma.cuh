@@ -36,11 +36,7 @@
 
 namespace moex::cuda {
 
-constexpr int kWgmmaBK = 64;
-#ifndef MOEX_WGMMA_SETMAXNREG
-#define MOEX_WGMMA_SETMAXNREG 1
-#endif
-constexpr bool kWgmmaSetMaxNReg = MOEX_WGMMA_SETMAXNREG;  // (-DMOEX_WGMMA_SETMAXNREG=0: A/B)   // k per stage: one 128-byte swizzled row of bf16 / f16
+constexpr int kWgmmaBK = 64;   // k per stage: one 128-byte swizzled row of bf16 / f16
 // kConsumers consumer warpgroups of 64 rows each: the tile has 64 * kConsumers rows (= the route
 // tile rows), the block 128 * (kConsumers + 1) threads.
 constexpr int wgmma_threads(int consumers) { return 128 * (consumers + 1); }
@@ -57,8 +53,8 @@ struct WgmmaSmem {
 
 // Work item -> (tile, column block). Items run through raster groups in tile order: a group is
 // about 8 (4 to 12) consecutive 128-row tiles of *one* expert (route_by_expert cuts each
-// expert's tiles into groups of about equal size, Tile::group), and within a group the tile index runs fastest,
-// then the column block. The CTAs resident at one time then cover the group's few tiles (their
+// expert's tiles into groups of about equal size, Tile::group), and within a group the tile
+// index runs fastest, then the column block. The CTAs resident at one time then cover the group's few tiles (their
 // A rows stay in L2) times many column blocks, and each weight block of the expert is read by
 // all of the group's tiles at about the same time, so it comes from DRAM once per group. (A
 // plain tile-fastest order re-reads A from HBM once per column block when A exceeds L2; a plain
@@ -150,7 +146,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
   // Three warpgroups share 168 registers a thread: the producer keeps 40, the consumers get 232
   // (40 * 128 + 232 * 256 = 168 * 384), as CUTLASS's warp-specialised kernels do. Without it the
   // gated kernels spilled (ptxas: 12-156 bytes).
-  constexpr bool kRealloc = kConsumers == 2 && kWgmmaSetMaxNReg;
+  constexpr bool kRealloc = kConsumers == 2;
   if (wg == 0) {
     if constexpr (kRealloc) sm90::setmaxnreg_dec<40>();
     // ---- producer: runs up to STAGES k steps ahead, across items (it fills the ring for the

@@ -87,9 +87,9 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
       MOEX_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
       if (clusters <= 0)
         throw DeviceError("grouped_gemm_wgmma: no 2-CTA cluster of this kernel fits on the device "
-                          "(set MOEX_WGMMA_CLUSTER=0)");
-      // MOEX_WGMMA_CLUSTERS=n caps the persistent grid at n pairs (measurements: the first H200
-      // run was 1.4-2.0x slower than single CTAs, as if ~45 pairs were running, not 66).
+                          "(unset MOEX_WGMMA_CLUSTER and MOEX_CUDA_TILE_ROWS=256)");
+      // MOEX_WGMMA_CLUSTERS=n caps the persistent grid at n pairs, MOEX_WGMMA_DEBUG prints the
+      // count (measurements: on the H200 the time scales with the cap, so all 66 pairs run).
       if (const char* e = std::getenv("MOEX_WGMMA_CLUSTERS"); e && std::atoi(e) > 0)
         clusters = std::min(clusters, std::atoi(e));
       if (std::getenv("MOEX_WGMMA_DEBUG"))
