@@ -26,6 +26,18 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(v);
 }
 
+// Two values rounded to T (16-bit) and packed into one 32-bit register, the first in the low half
+// (the order mma / stmatrix fragments and little-endian stores use).
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  static_assert(sizeof(T) == 2, "pack2: 16-bit element types");
+  const T lo = from_float<T>(a), hi = from_float<T>(b);
+  unsigned short ul, uh;
+  __builtin_memcpy(&ul, &lo, 2);
+  __builtin_memcpy(&uh, &hi, 2);
+  return uint32_t(ul) | (uint32_t(uh) << 16);
+}
+
 // Run-time float dtype codes for small side inputs (routing weights): avoids multiplying kernel
 // instantiations by the routing-weight dtype, which costs one branch per load.
 enum FloatCode : int { kCodeF32 = 0, kCodeF16 = 1, kCodeBF16 = 2 };

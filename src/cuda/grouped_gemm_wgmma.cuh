@@ -34,6 +34,8 @@
 #include "cuda/gemm_common.cuh"
 #include "cuda/hopper.cuh"
 
+#include <type_traits>
+
 namespace moex::cuda {
 
 constexpr int kWgmmaBK = 64;   // k per stage: one 128-byte swizzled row of bf16 / f16
@@ -41,14 +43,29 @@ constexpr int kWgmmaBK = 64;   // k per stage: one 128-byte swizzled row of bf16
 // tile rows), the block 128 * (kConsumers + 1) threads.
 constexpr int wgmma_threads(int consumers) { return 128 * (consumers + 1); }
 
-template <class T, int BNB, int STAGES, int kConsumers>
+// The gated gate_up epilogue goes through shared memory (see the kernel's epilogue): each
+// consumer warpgroup has a block of its rows x BN output columns of T there, after the ring.
+// Other kernels (down: fp32 output; ungated gate_up: 256 columns, which would cost a stage)
+// store straight from the accumulators.
+__host__ __device__ constexpr bool wgmma_staged_epilogue(GemmKind kind, int groups) {
+  return kind == GemmKind::kGateUp && groups == 2;
+}
+template <class T, GemmKind kKind, int kGroups, int BNB, int kConsumers, bool kPing>
+__host__ __device__ constexpr int wgmma_epilogue_bytes() {
+  if (!wgmma_staged_epilogue(kKind, kGroups)) return 0;
+  return kConsumers * 64 * (kPing ? 2 : 1) * (BNB / kGroups) * int(sizeof(T));
+}
+
+template <class T, int BNB, int STAGES, int kConsumers, int kEpiBytes = 0>
 struct WgmmaSmem {
   static constexpr int kBM = 64 * kConsumers;
   static constexpr int kAStage = kBM * kWgmmaBK * int(sizeof(T));
   static constexpr int kBStage = BNB * kWgmmaBK * int(sizeof(T));
-  static constexpr int kBarOffset = STAGES * (kAStage + kBStage);
+  static constexpr int kEpiOffset = STAGES * (kAStage + kBStage);
+  static constexpr int kBarOffset = kEpiOffset + kEpiBytes;
   // + barriers, + 1 KiB to align the dynamic shared memory base to 1024 bytes (128B swizzle).
   static constexpr size_t kBytes = size_t(kBarOffset) + 2 * STAGES * sizeof(uint64_t) + 1024;
+  static_assert(kBytes <= 227 * 1024, "wgmma: shared memory over the 227 KB a block may use");
 };
 
 // Work item -> (tile, column block). Items run through raster groups in tile order: a group is
@@ -103,7 +120,9 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
                               int b_rows_per_expert) {
   constexpr int BK = kWgmmaBK;
   constexpr int BN = BNB / kGroups;  // output columns of the tile
-  using S = WgmmaSmem<T, BNB, STAGES, kConsumers>;
+  constexpr bool kStaged = wgmma_staged_epilogue(kKind, kGroups);
+  constexpr int kEpiBytes = wgmma_epilogue_bytes<T, kKind, kGroups, BNB, kConsumers, kPing>();
+  using S = WgmmaSmem<T, BNB, STAGES, kConsumers, kEpiBytes>;
   static_assert(!kPing || (kConsumers == 2 && BNB == 128), "ping-pong: two warpgroups, m64n128");
   static_assert(kCluster == 1 || (kCluster == 2 && !kPing && kConsumers == 2),
                 "clusters: cooperative 128-row CTAs");
@@ -272,6 +291,74 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
       for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
       release((it - 1) % STAGES);
 
+      // ---- epilogue, gated gate_up: activation, rounding to T, then through shared memory ----
+      // Why: storing straight from the accumulators (below) writes 4 bytes per thread to 8
+      // rows per warp instruction (half-used sectors), with bounds checks per output; ncu put
+      // 16 % of the consumers' time in that epilogue at Mixtral T = 4096 (docs/cuda.md), time
+      // in which the tensor cores idle. Here each warpgroup writes its rows x BN block to shared
+      // memory with stmatrix (16-byte chunks XOR-swizzled by row: conflict-free), then copies
+      // it out in 16-byte, row-contiguous stores; rows past the tile are not stored.
+      if constexpr (kStaged) {
+       if (p.N % 8 == 0) {
+        constexpr int kRowBytes = BN * int(sizeof(T));
+        constexpr int kChunks = BN / 8;          // 16-byte chunks per row
+        constexpr int kRows = 64 * kHalves;      // rows of this warpgroup's block
+        constexpr int kWgBytes = kRows * kRowBytes;
+        unsigned char* epi = smem + S::kEpiOffset + c * kWgBytes;
+        const uint32_t epi_u32 = smem_u32(epi);
+        // The warpgroup's previous copy-out has read the block (ids 3, 4: 1, 2 are ping-pong's).
+        sm90::named_bar_sync(3 + c, 128);
+        auto stage = [&](auto fast) {
+#pragma unroll
+          for (int m = 0; m < kHalves; ++m) {
+            // stmatrix row address of this lane: matrix lane / 8 = (8 rows h, chunk 2 q + s).
+            const int lrow = m * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+            for (int q = 0; q < BN / 16; ++q) {
+              uint32_t r[4];
+#pragma unroll
+              for (int s = 0; s < 4; ++s) {
+                const int i = 2 * q + (s >> 1), h = s & 1;
+                const float ga = acc[m][4 * i + 2 * h], gb = acc[m][4 * i + 2 * h + 1];
+                const float ua = acc[m][4 * (i + BN / 8) + 2 * h];
+                const float ub = acc[m][4 * (i + BN / 8) + 2 * h + 1];
+                float va, vb;
+                if constexpr (decltype(fast)::value) {
+                  va = silu(ga) * ua;
+                  vb = silu(gb) * ub;
+                } else {
+                  const int j = n0 + 8 * i + 2 * (lane % 4);
+                  va = j < p.N ? epilogue_value<T, kKind, kGroups>(p, tile.expert, j, ga, ua) : 0.f;
+                  vb = j + 1 < p.N ? epilogue_value<T, kKind, kGroups>(p, tile.expert, j + 1, gb, ub)
+                                   : 0.f;
+                }
+                r[s] = pack2<T>(va, vb);
+              }
+              const int ch = 2 * q + (lane >> 4);
+              sm90::stmatrix_x4(epi_u32 + lrow * kRowBytes + ((ch ^ (lrow & 7)) << 4), r[0], r[1],
+                                r[2], r[3]);
+            }
+          }
+        };
+        // SiLU without bias (every gated model but gpt-oss) skips the per-output dispatch.
+        if (p.ap.act == 0 && p.bias == nullptr) stage(std::true_type{});
+        else stage(std::false_type{});
+        sm90::named_bar_sync(3 + c, 128);
+        const int wg_row0 = kPing ? 0 : c * 64;  // first row of the block in this CTA's part
+        T* out = static_cast<T*>(p.out);
+#pragma unroll
+        for (int s = 0; s < kRows * kChunks / 128; ++s) {
+          const int idx = s * 128 + tid % 128, row = idx / kChunks, ch = idx % kChunks;
+          const int col = n0 + 8 * ch;
+          if (wg_row0 + row < tile_rows && col < p.N) {
+            const uint4 v =
+                *reinterpret_cast<const uint4*>(epi + row * kRowBytes + ((ch ^ (row & 7)) << 4));
+            *reinterpret_cast<uint4*>(out + int64_t(row_start + wg_row0 + row) * p.N + col) = v;
+          }
+        }
+        continue;
+       }
+      }
       // ---- epilogue: bias, activation (gate_up) or fp32 (down), two columns per store ----
       const bool pairs = (p.N % 2) == 0;
 #pragma unroll
