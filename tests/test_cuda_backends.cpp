@@ -113,6 +113,11 @@ TEST_P(CudaConsistency, Activations) {
                  RoutingCase::kRandom, ++seed);
       check_case(GetParam(), make_experts_spec(l, 5, 64, 40, a), DType::kBF16, 33, 2,
                  RoutingCase::kRandom, ++seed);
+      // T = 700 on 3 experts: 128-row tiles, so gated gate_up takes the wgmma kernel's staged
+      // epilogue with the per-output activation / bias dispatch (not only SiLU's fast path), on
+      // a partial column block (I = 40) and each expert's partial last tile.
+      check_case(GetParam(), make_experts_spec(l, 3, 64, 40, a), DType::kBF16, 700, 2,
+                 RoutingCase::kRandom, ++seed);
     }
 }
 
