@@ -4,10 +4,7 @@
 # of both reports (details, raw stall-sampling metrics, SASS source view with stall samples of
 # moex's gate_up) under $OUT, since there is no ncu on the build machine. carry: build-pack
 set -u
-tar xJf build-pack/gpu.tar.xz
-OUT=${OUT:-/tmp/moex_out}; mkdir -p "$OUT"; S="$OUT/summary.txt"
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
-export LD_LIBRARY_PATH=$PWD/build-gpu:/usr/local/cuda/lib64
+. lab/cuda/device_env.sh
 SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section SourceCounters --section LaunchStats --section Occupancy --section ComputeWorkloadAnalysis"
 timeout 200 ncu $SECTIONS --import-source yes --clock-control none --kernel-name regex:grouped_gemm_wgmma \
   --launch-skip 4 --launch-count 2 -o "$OUT/moex" build-gpu/moex bench experts \

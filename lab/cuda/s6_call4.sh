@@ -3,20 +3,10 @@
 # Every CUDA suite and grouped-GEMM variant, then grouped_mm times of the old binary (HEAD
 # e9f756c, build-pack/old.tar.xz) and the new one, alternating, two rounds. carry: build-pack
 set -u
-tar xJf build-pack/gpu.tar.xz
+. lab/cuda/device_env.sh
 mkdir -p old && tar xJf build-pack/old.tar.xz -C old
-OUT=${OUT:-/tmp/moex_out}; mkdir -p "$OUT"; L=$OUT/logs; mkdir -p "$L"; S="$OUT/summary.txt"
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
-export LD_LIBRARY_PATH=$PWD/build-gpu:/usr/local/cuda/lib64
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader >> "$S"
 T=build-gpu/tests/test_cuda_backends
 F="--gtest_filter=*CudaConsistency*:*CudaGraph*:CudaPlan*"
-run() {  # label env filter binary
-  f="$L/$(echo "$1" | tr ' =' '__').log"
-  env $2 timeout 200 $4 --gtest_brief=1 $3 > "$f" 2>&1
-  echo "$1 rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$f" | tr '\n' ' ')" >> "$S"
-  grep -E "^\[  FAILED  \]" "$f" | head -8 >> "$S"
-}
 run cuda_default X=1 "" $T
 run cuda_64rows MOEX_CUDA_TILE_ROWS=64 "--gtest_filter=*CudaConsistency*:*CudaGraph*" $T
 run cuda_pingpong_both MOEX_WGMMA_PINGPONG=both "--gtest_filter=*CudaConsistency*:*CudaGraph*" $T

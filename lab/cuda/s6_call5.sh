@@ -3,11 +3,7 @@
 # Mixtral T = 4096 forward, moex and transformers' compiled grouped_mm (ncu, SpeedOfLight only),
 # then the shape-static side by side of session 5's table on the new binary. carry: build-pack
 set -u
-tar xJf build-pack/gpu.tar.xz
-OUT=${OUT:-/tmp/moex_out}; mkdir -p "$OUT"; S="$OUT/summary.txt"
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
-export LD_LIBRARY_PATH=$PWD/build-gpu:/usr/local/cuda/lib64
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader >> "$S"
+. lab/cuda/device_env.sh
 Q="--section SpeedOfLight --clock-control none --csv --print-units base"
 timeout 120 ncu $Q --launch-skip 20 --launch-count 10 build-gpu/moex bench experts --device cuda \
   --backends grouped_mm --graph off --no-check --min-iters 3 --budget-s 0.05 --bandwidth-gbs 4268 \
