@@ -91,6 +91,78 @@ __device__ __forceinline__ WorkItem work_item(int item, int nblocks, const Tile*
   return {first + local % size, local / size};
 }
 
+// The epilogue of gated gate_up (kGroups == 2, N a multiple of 8), run by one consumer
+// warpgroup on its kHalves x 64 rows of the item: activation, rounding to T, stmatrix of the
+// rows x BN block into `epi` (this warpgroup's part of the shared memory past the ring), then
+// row-contiguous 16-byte global stores of the rows inside the tile.
+// Why: storing straight from the accumulators (the kernel's other epilogue) writes 4 bytes per
+// thread to 8 rows per warp instruction (half-used sectors), with bounds checks and activation
+// dispatch per output; ncu put 16 % of the consumers' time in it at Mixtral T = 4096
+// (docs/cuda.md), time in which the tensor cores idle. The 16-byte chunks of a row are
+// XOR-swizzled by (row % 8), so the 8 rows of each stmatrix matrix land in 8 different bank
+// groups. Named barrier `bar` (128 threads) brackets the writes: the previous item's copy-out
+// must have read the block, and the copy-out reads what the other warps wrote. Rows at or past
+// tile_rows (the next expert's, or none) are computed but not stored. Same values as the
+// direct epilogue.
+template <class T, GemmKind kKind, int kGroups, int BN, int kHalves, int NACC>
+__device__ __forceinline__ void staged_gate_up_epilogue(const float (&acc)[kHalves][NACC],
+                                                        const GemmParams& p, int expert, int n0,
+                                                        int row_start, int tile_rows, int wg_row0,
+                                                        unsigned char* epi, int bar, int warp,
+                                                        int lane, int tid_wg) {
+  constexpr int kRowBytes = BN * int(sizeof(T));
+  constexpr int kChunks = BN / 8;      // 16-byte chunks per row
+  constexpr int kRows = 64 * kHalves;  // rows of this warpgroup's block
+  const uint32_t epi_u32 = smem_u32(epi);
+  sm90::named_bar_sync(bar, 128);
+  auto stage = [&](auto fast) {
+#pragma unroll
+    for (int m = 0; m < kHalves; ++m) {
+      // stmatrix row address of this lane: matrix lane / 8 = (8 rows h, chunk 2 q + s).
+      const int lrow = m * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int q = 0; q < BN / 16; ++q) {
+        uint32_t r[4];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const int i = 2 * q + (s >> 1), h = s & 1;
+          const float ga = acc[m][4 * i + 2 * h], gb = acc[m][4 * i + 2 * h + 1];
+          const float ua = acc[m][4 * (i + BN / 8) + 2 * h];
+          const float ub = acc[m][4 * (i + BN / 8) + 2 * h + 1];
+          float va, vb;
+          if constexpr (decltype(fast)::value) {
+            va = silu(ga) * ua;
+            vb = silu(gb) * ub;
+          } else {
+            const int j = n0 + 8 * i + 2 * (lane % 4);
+            va = j < p.N ? epilogue_value<T, kKind, kGroups>(p, expert, j, ga, ua) : 0.f;
+            vb = j + 1 < p.N ? epilogue_value<T, kKind, kGroups>(p, expert, j + 1, gb, ub) : 0.f;
+          }
+          r[s] = pack2<T>(va, vb);
+        }
+        const int ch = 2 * q + (lane >> 4);
+        sm90::stmatrix_x4(epi_u32 + lrow * kRowBytes + ((ch ^ (lrow & 7)) << 4), r[0], r[1], r[2],
+                          r[3]);
+      }
+    }
+  };
+  // SiLU without bias (every gated model but gpt-oss) skips the per-output dispatch.
+  if (p.ap.act == 0 && p.bias == nullptr) stage(std::true_type{});
+  else stage(std::false_type{});
+  sm90::named_bar_sync(bar, 128);
+  T* out = static_cast<T*>(p.out);
+#pragma unroll
+  for (int s = 0; s < kRows * kChunks / 128; ++s) {
+    const int idx = s * 128 + tid_wg, row = idx / kChunks, ch = idx % kChunks;
+    const int col = n0 + 8 * ch;
+    if (wg_row0 + row < tile_rows && col < p.N) {
+      const unsigned char* src = epi + row * kRowBytes + ((ch ^ (row & 7)) << 4);
+      const uint4 v = *reinterpret_cast<const uint4*>(src);
+      *reinterpret_cast<uint4*>(out + int64_t(row_start + wg_row0 + row) * p.N + col) = v;
+    }
+  }
+}
+
 // Two ways to use the two consumer warpgroups of a 128-row tile (kConsumers == 2):
 //  - cooperative (kPing false): both work on the same item, each on 64 of its rows, with one
 //    m64nBNBk16 per 16 k; the tensor cores idle while both run the epilogue.
@@ -291,73 +363,15 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
       for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
       release((it - 1) % STAGES);
 
-      // ---- epilogue, gated gate_up: activation, rounding to T, then through shared memory ----
-      // Why: storing straight from the accumulators (below) writes 4 bytes per thread to 8
-      // rows per warp instruction (half-used sectors), with bounds checks per output; ncu put
-      // 16 % of the consumers' time in that epilogue at Mixtral T = 4096 (docs/cuda.md), time
-      // in which the tensor cores idle. Here each warpgroup writes its rows x BN block to shared
-      // memory with stmatrix (16-byte chunks XOR-swizzled by row: conflict-free), then copies
-      // it out in 16-byte, row-contiguous stores; rows past the tile are not stored.
+      // ---- epilogue, gated gate_up: through shared memory (staged_gate_up_epilogue) ----
       if constexpr (kStaged) {
-       if (p.N % 8 == 0) {
-        constexpr int kRowBytes = BN * int(sizeof(T));
-        constexpr int kChunks = BN / 8;          // 16-byte chunks per row
-        constexpr int kRows = 64 * kHalves;      // rows of this warpgroup's block
-        constexpr int kWgBytes = kRows * kRowBytes;
-        unsigned char* epi = smem + S::kEpiOffset + c * kWgBytes;
-        const uint32_t epi_u32 = smem_u32(epi);
-        // The warpgroup's previous copy-out has read the block (ids 3, 4: 1, 2 are ping-pong's).
-        sm90::named_bar_sync(3 + c, 128);
-        auto stage = [&](auto fast) {
-#pragma unroll
-          for (int m = 0; m < kHalves; ++m) {
-            // stmatrix row address of this lane: matrix lane / 8 = (8 rows h, chunk 2 q + s).
-            const int lrow = m * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-            for (int q = 0; q < BN / 16; ++q) {
-              uint32_t r[4];
-#pragma unroll
-              for (int s = 0; s < 4; ++s) {
-                const int i = 2 * q + (s >> 1), h = s & 1;
-                const float ga = acc[m][4 * i + 2 * h], gb = acc[m][4 * i + 2 * h + 1];
-                const float ua = acc[m][4 * (i + BN / 8) + 2 * h];
-                const float ub = acc[m][4 * (i + BN / 8) + 2 * h + 1];
-                float va, vb;
-                if constexpr (decltype(fast)::value) {
-                  va = silu(ga) * ua;
-                  vb = silu(gb) * ub;
-                } else {
-                  const int j = n0 + 8 * i + 2 * (lane % 4);
-                  va = j < p.N ? epilogue_value<T, kKind, kGroups>(p, tile.expert, j, ga, ua) : 0.f;
-                  vb = j + 1 < p.N ? epilogue_value<T, kKind, kGroups>(p, tile.expert, j + 1, gb, ub)
-                                   : 0.f;
-                }
-                r[s] = pack2<T>(va, vb);
-              }
-              const int ch = 2 * q + (lane >> 4);
-              sm90::stmatrix_x4(epi_u32 + lrow * kRowBytes + ((ch ^ (lrow & 7)) << 4), r[0], r[1],
-                                r[2], r[3]);
-            }
-          }
-        };
-        // SiLU without bias (every gated model but gpt-oss) skips the per-output dispatch.
-        if (p.ap.act == 0 && p.bias == nullptr) stage(std::true_type{});
-        else stage(std::false_type{});
-        sm90::named_bar_sync(3 + c, 128);
-        const int wg_row0 = kPing ? 0 : c * 64;  // first row of the block in this CTA's part
-        T* out = static_cast<T*>(p.out);
-#pragma unroll
-        for (int s = 0; s < kRows * kChunks / 128; ++s) {
-          const int idx = s * 128 + tid % 128, row = idx / kChunks, ch = idx % kChunks;
-          const int col = n0 + 8 * ch;
-          if (wg_row0 + row < tile_rows && col < p.N) {
-            const uint4 v =
-                *reinterpret_cast<const uint4*>(epi + row * kRowBytes + ((ch ^ (row & 7)) << 4));
-            *reinterpret_cast<uint4*>(out + int64_t(row_start + wg_row0 + row) * p.N + col) = v;
-          }
+        if (p.N % 8 == 0) {
+          constexpr int kWgBytes = 64 * kHalves * BN * int(sizeof(T));
+          staged_gate_up_epilogue<T, kKind, kGroups, BN>(
+              acc, p, tile.expert, n0, row_start, tile_rows, kPing ? 0 : c * 64,
+              smem + S::kEpiOffset + c * kWgBytes, 3 + c, warp, lane, tid % 128);
+          continue;
         }
-        continue;
-       }
       }
       // ---- epilogue: bias, activation (gate_up) or fp32 (down), two columns per store ----
       const bool pairs = (p.N % 2) == 0;
