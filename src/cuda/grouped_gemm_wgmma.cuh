@@ -50,19 +50,21 @@ constexpr int wgmma_threads(int consumers) { return 128 * (consumers + 1); }
 __host__ __device__ constexpr bool wgmma_staged_epilogue(GemmKind kind, int groups) {
   return kind == GemmKind::kGateUp && groups == 2;
 }
-template <class T, GemmKind kKind, int kGroups, int BNB, int kConsumers, bool kPing>
-__host__ __device__ constexpr int wgmma_epilogue_bytes() {
-  if (!wgmma_staged_epilogue(kKind, kGroups)) return 0;
-  return kConsumers * 64 * (kPing ? 2 : 1) * (BNB / kGroups) * int(sizeof(T));
-}
 
-template <class T, int BNB, int STAGES, int kConsumers, int kEpiBytes = 0>
+// Shared memory of one kernel instance: the ring (STAGES x (A stage + B stage)), the staged
+// epilogue's blocks (one per consumer warpgroup, its rows x BN columns of T; none where the
+// epilogue stores straight from the accumulators), the full / empty barriers. The kernel and
+// its launcher both take the layout from here.
+template <class T, GemmKind kKind, int kGroups, int BNB, int STAGES, int kConsumers, bool kPing>
 struct WgmmaSmem {
   static constexpr int kBM = 64 * kConsumers;
   static constexpr int kAStage = kBM * kWgmmaBK * int(sizeof(T));
   static constexpr int kBStage = BNB * kWgmmaBK * int(sizeof(T));
   static constexpr int kEpiOffset = STAGES * (kAStage + kBStage);
-  static constexpr int kBarOffset = kEpiOffset + kEpiBytes;
+  static constexpr int kEpiWgBytes = wgmma_staged_epilogue(kKind, kGroups)
+                                         ? 64 * (kPing ? 2 : 1) * (BNB / kGroups) * int(sizeof(T))
+                                         : 0;
+  static constexpr int kBarOffset = kEpiOffset + kConsumers * kEpiWgBytes;
   // + barriers, + 1 KiB to align the dynamic shared memory base to 1024 bytes (128B swizzle).
   static constexpr size_t kBytes = size_t(kBarOffset) + 2 * STAGES * sizeof(uint64_t) + 1024;
   static_assert(kBytes <= 227 * 1024, "wgmma: shared memory over the 227 KB a block may use");
@@ -71,12 +73,13 @@ struct WgmmaSmem {
 // Work item -> (tile, column block). Items run through raster groups in tile order: a group is
 // about 8 (4 to 12) consecutive 128-row tiles of *one* expert (route_by_expert cuts each
 // expert's tiles into groups of about equal size, Tile::group), and within a group the tile
-// index runs fastest, then the column block. The CTAs resident at one time then cover the group's few tiles (their
-// A rows stay in L2) times many column blocks, and each weight block of the expert is read by
-// all of the group's tiles at about the same time, so it comes from DRAM once per group. (A
-// plain tile-fastest order re-reads A from HBM once per column block when A exceeds L2; a plain
-// column-fastest order re-reads the weights once per tile; fixed groups of 8 tiles straddle
-// experts, so an expert with 9 tiles had its weights read twice, ncu numbers in docs/cuda.md.)
+// index runs fastest, then the column block. The CTAs resident at one time then cover the
+// group's few tiles (their A rows stay in L2) times many column blocks, and each weight block of
+// the expert is read by all of the group's tiles at about the same time, so it comes from DRAM
+// once per group. (A plain tile-fastest order re-reads A from HBM once per column block when A
+// exceeds L2; a plain column-fastest order re-reads the weights once per tile; fixed groups of 8
+// tiles straddle experts, so an expert with 9 tiles had its weights read twice, ncu numbers in
+// docs/cuda.md.)
 // Group g covers items [first_tile(g) * nblocks, (first_tile(g) + size(g)) * nblocks), so the
 // group of an item is the group of tile item / nblocks.
 constexpr int kWgmmaRasterTiles = 8;
@@ -193,8 +196,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
   constexpr int BK = kWgmmaBK;
   constexpr int BN = BNB / kGroups;  // output columns of the tile
   constexpr bool kStaged = wgmma_staged_epilogue(kKind, kGroups);
-  constexpr int kEpiBytes = wgmma_epilogue_bytes<T, kKind, kGroups, BNB, kConsumers, kPing>();
-  using S = WgmmaSmem<T, BNB, STAGES, kConsumers, kEpiBytes>;
+  using S = WgmmaSmem<T, kKind, kGroups, BNB, STAGES, kConsumers, kPing>;
   static_assert(!kPing || (kConsumers == 2 && BNB == 128), "ping-pong: two warpgroups, m64n128");
   static_assert(kCluster == 1 || (kCluster == 2 && !kPing && kConsumers == 2),
                 "clusters: cooperative 128-row CTAs");
@@ -366,10 +368,9 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
       // ---- epilogue, gated gate_up: through shared memory (staged_gate_up_epilogue) ----
       if constexpr (kStaged) {
         if (p.N % 8 == 0) {
-          constexpr int kWgBytes = 64 * kHalves * BN * int(sizeof(T));
           staged_gate_up_epilogue<T, kKind, kGroups, BN>(
               acc, p, tile.expert, n0, row_start, tile_rows, kPing ? 0 : c * 64,
-              smem + S::kEpiOffset + c * kWgBytes, 3 + c, warp, lane, tid % 128);
+              smem + S::kEpiOffset + c * S::kEpiWgBytes, 3 + c, warp, lane, tid % 128);
           continue;
         }
       }

@@ -43,8 +43,7 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
   constexpr int BN = BNB / kGroups;
   auto kernel =
       grouped_gemm_wgmma_kernel<T, kKind, kGroups, BNB, STAGES, kConsumers, kPing, kCluster>;
-  constexpr size_t smem = WgmmaSmem<T, BNB, STAGES, kConsumers,
-                                    wgmma_epilogue_bytes<T, kKind, kGroups, BNB, kConsumers, kPing>()>::kBytes;
+  constexpr size_t smem = WgmmaSmem<T, kKind, kGroups, BNB, STAGES, kConsumers, kPing>::kBytes;
   static std::atomic<uint64_t> opted{0};
   const int dev = current_device();
   const uint64_t bit = uint64_t(1) << (dev & 63);
