@@ -22,7 +22,8 @@ class ReferenceBackend final : public moex::ExpertsBackend {
     c.description = "float64 reference (example plugin)";
     return c;
   }
-  void forward(const moex::ExpertsProblem& p, moex::Tensor& out) const override {
+  void forward(const moex::ExpertsProblem& p, moex::Tensor& out,
+               const moex::ExecContext&) const override {
     moex::Tensor ref = moex::experts_reference_f64(*p.spec, *p.weights, p.hidden, p.top_k_index,
                                                    p.top_k_weights);
     moex::convert_floats(ref.raw(), moex::DType::kF64, out.raw(), out.dtype(), ref.numel());

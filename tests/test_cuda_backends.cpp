@@ -23,7 +23,7 @@ TEST(CudaBackends, SkippedInCpuOnlyBuild) { GTEST_SKIP() << "built without CUDA 
 
 #else
 
-#include "cuda/backends.hpp"
+#include "cuda/experts_backend.hpp"
 #include "cuda/experts_ops.hpp"
 #include "cuda/launchers.hpp"
 #include "cuda/runtime.hpp"
@@ -139,8 +139,82 @@ TEST_P(CudaConsistency, HarnessDetectsAPerturbedWeight) {
   EXPECT_GT(rel_l2_error(out.to(Device::cpu()), ref), experts_tolerance(DType::kBF16, 64));
 }
 
+// ---- grouped_mm under the plans its policy does not pick on this machine ----
+// Each is a CUDA-only backend defined here (one class + one registration line), running the
+// library's grouped_mm op with the default plan edited as named, so that every kernel
+// configuration stays under the same consistency and graph tests. check_plan rejects an edit
+// the device cannot run; an edit that does not apply to a shape leaves that shape's plan alone.
+using moex::cuda::ExpertsPlan;
+using moex::cuda::GemmPath;
+
+template <void (*kEdit)(ExpertsPlan&, const moex::cuda::ExpertsShape&, const moex::cuda::DeviceTraits&)>
+class PlannedGroupedMm final : public moex::cuda::CudaExpertsBackend {
+ protected:
+  std::string description() const override { return "grouped_mm with an edited plan (tests)"; }
+  ExpertsPlan plan(const moex::cuda::ExpertsArgs& a, const moex::cuda::DeviceTraits& d) const override {
+    const moex::cuda::ExpertsShape s = moex::cuda::shape_of(a);
+    ExpertsPlan p = moex::cuda::plan_grouped_mm(s, d);
+    kEdit(p, s, d);
+    moex::cuda::check_plan(p, s, d);
+    return p;
+  }
+  size_t workspace_bytes(const moex::cuda::ExpertsArgs& a, const ExpertsPlan& p) const override {
+    return moex::cuda::grouped_mm_workspace_bytes(a, p);
+  }
+  void run(const moex::cuda::ExpertsArgs& a, const ExpertsPlan& p, void* ws,
+           cudaStream_t st) const override {
+    moex::cuda::grouped_mm_experts(a, p, ws, st);
+  }
+};
+
+using Shape_ = moex::cuda::ExpertsShape;
+using Traits_ = moex::cuda::DeviceTraits;
+// mma.sync where the policy picks wgmma (what other GPUs run).
+void mma_only(ExpertsPlan& p, const Shape_&, const Traits_&) {
+  if (p.gemm == GemmPath::kWgmma) p = {GemmPath::kMmaSync, p.tile_rows, 256, false, false, p.raster_tiles};
+}
+// 64-row wgmma tiles for every grouped call wgmma serves.
+void wgmma_64_rows(ExpertsPlan& p, const Shape_& s, const Traits_& d) {
+  if (moex::cuda::wgmma_applies(s, d))
+    p = {GemmPath::kWgmma, 64, 256, false, false, 16};
+}
+// Both GEMMs on ping-pong warpgroups wherever 128-row wgmma tiles run.
+void pingpong_both(ExpertsPlan& p, const Shape_&, const Traits_&) {
+  if (p.gemm == GemmPath::kWgmma && p.tile_rows == 128) p.pingpong_gate_up = p.pingpong_down = true;
+}
+// 128 weight rows per stage (64-column gate_up tiles; the 6- and 8-stage rings).
+void narrow_stages(ExpertsPlan& p, const Shape_&, const Traits_&) {
+  if (p.gemm == GemmPath::kWgmma) {
+    p.b_rows = 128;
+    p.pingpong_gate_up = p.pingpong_down = false;
+  }
+}
+// 2-CTA cluster pairs where 128-row wgmma tiles run.
+void cluster_pairs(ExpertsPlan& p, const Shape_&, const Traits_&) {
+  if (p.gemm == GemmPath::kWgmma && p.tile_rows == 128) p = {GemmPath::kWgmma, 256, 256, false, false, 4};
+}
+// Cluster pairs for every grouped call wgmma serves, small T included (many pairs with an empty
+// second half).
+void cluster_pairs_everywhere(ExpertsPlan& p, const Shape_& s, const Traits_& d) {
+  if (moex::cuda::wgmma_applies(s, d)) p = {GemmPath::kWgmma, 256, 256, false, false, 4};
+}
+
+MOEX_REGISTER_EXPERTS_BACKEND("grouped_mm_plan_mma_only", PlannedGroupedMm<mma_only>);
+MOEX_REGISTER_EXPERTS_BACKEND("grouped_mm_plan_wgmma_64_rows", PlannedGroupedMm<wgmma_64_rows>);
+MOEX_REGISTER_EXPERTS_BACKEND("grouped_mm_plan_pingpong_both", PlannedGroupedMm<pingpong_both>);
+MOEX_REGISTER_EXPERTS_BACKEND("grouped_mm_plan_narrow_stages", PlannedGroupedMm<narrow_stages>);
+MOEX_REGISTER_EXPERTS_BACKEND("grouped_mm_plan_cluster_pairs", PlannedGroupedMm<cluster_pairs>);
+MOEX_REGISTER_EXPERTS_BACKEND("grouped_mm_plan_cluster_pairs_everywhere",
+                              PlannedGroupedMm<cluster_pairs_everywhere>);
+
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaConsistency,
-                         ::testing::Values("eager", "batched_mm", "grouped_mm"),
+                         ::testing::Values("eager", "batched_mm", "grouped_mm",
+                                           "grouped_mm_plan_mma_only",
+                                           "grouped_mm_plan_wgmma_64_rows",
+                                           "grouped_mm_plan_pingpong_both",
+                                           "grouped_mm_plan_narrow_stages",
+                                           "grouped_mm_plan_cluster_pairs",
+                                           "grouped_mm_plan_cluster_pairs_everywhere"),
                          [](const auto& info) { return info.param; });
 
 // ---- graph capture: replay with new routing written into the same device tensors ----
@@ -199,70 +273,37 @@ TEST_P(CudaGraph, ReplaysWithNewRouting) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaGraph,
-                         ::testing::Combine(::testing::Values("batched_mm", "grouped_mm"),
+                         ::testing::Combine(::testing::Values("batched_mm", "grouped_mm",
+                                                              "grouped_mm_plan_mma_only",
+                                                              "grouped_mm_plan_wgmma_64_rows",
+                                                              "grouped_mm_plan_pingpong_both",
+                                                              "grouped_mm_plan_narrow_stages",
+                                                              "grouped_mm_plan_cluster_pairs"),
                                             ::testing::Values(0, 1, 2)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" +
                                   std::to_string(std::get<1>(info.param));
                          });
 
-// On Hopper, grouped_mm's compute-bound configuration must run the TMA + wgmma kernel (the
-// consistency tests above then check its results); elsewhere, or when switched off with
-// MOEX_CUDA_GEMM=mma, the mma.sync kernel. A silent fallback would pass every accuracy test.
-TEST(CudaPlan, GroupedUsesWgmmaOnHopper) {
+// The plan the backends compute on this device: on Hopper, grouped_mm's compute-bound
+// configuration must be wgmma (a silent fallback would pass every accuracy test). The policy
+// itself is tested on fixed traits in test_cuda_plan.cpp.
+TEST(CudaPlan, ThisDeviceTraits) {
   SKIP_WITHOUT_GPU();
-  moex::cuda::ExpertsArgs a;
-  a.elem = moex::cuda::Elem::kBF16;
-  a.tokens = 4096;
-  a.top_k = 4;
-  a.experts = 60;
-  a.hidden = 2048;
-  a.intermediate = 1408;
-  alignas(16) static unsigned char dummy[64];
-  a.hidden_states = a.top_k_index = a.top_k_weights = a.gate_up = a.down = dummy;
-  a.out = dummy;
-  const std::string plan = moex::cuda::describe_plan(a, moex::cuda::Algo::kGrouped);
   const auto& d = moex::cuda::device_info(moex::cuda::current_device());
-  const char* env = std::getenv("MOEX_CUDA_GEMM");
-  const bool off = env && std::string(env) == "mma";
-  if (d.major == 9 && d.minor == 0 && !off) EXPECT_NE(plan.find("wgmma"), std::string::npos) << plan;
-  else EXPECT_EQ(plan.find("wgmma"), std::string::npos) << plan;
-  // 273 rows per expert: 2-CTA cluster pairs on Hopper only when asked for (MOEX_WGMMA_CLUSTER=1
-  // or MOEX_CUDA_TILE_ROWS=256).
-  const char* cl = std::getenv("MOEX_WGMMA_CLUSTER");
-  const char* forced = std::getenv("MOEX_CUDA_TILE_ROWS");
-  const bool no_cluster = forced ? std::string(forced) != "256" : !(cl && std::string(cl) == "1");
-  if (d.major == 9 && d.minor == 0 && !off && !no_cluster)
-    EXPECT_NE(plan.find("2-CTA clusters"), std::string::npos) << plan;
-  else EXPECT_EQ(plan.find("2-CTA clusters"), std::string::npos) << plan;
-  // The down GEMM of short K (1408 here) on ping-pong warpgroups, of long K (Mixtral's 14336)
-  // cooperative, unless MOEX_WGMMA_PINGPONG says otherwise.
-  if (d.major == 9 && d.minor == 0 && !off && no_cluster && !forced &&
-      !std::getenv("MOEX_WGMMA_PINGPONG")) {
-    EXPECT_NE(plan.find("down GEMM on ping-pong"), std::string::npos) << plan;
-    moex::cuda::ExpertsArgs m = a;
-    m.experts = 8;
-    m.top_k = 2;
-    m.hidden = 4096;
-    m.intermediate = 14336;
-    const std::string mp = moex::cuda::describe_plan(m, moex::cuda::Algo::kGrouped);
-    EXPECT_NE(mp.find("wgmma (sm_90a) tiles of 128 rows"), std::string::npos) << mp;
-    EXPECT_EQ(mp.find("ping-pong"), std::string::npos) << mp;
-  }
-  // 32 rows per expert: 64-row wgmma tiles on Hopper (one pass over each expert's weights),
-  // 16-row mma.sync tiles elsewhere.
-  a.tokens = 480;
-  const std::string mid = moex::cuda::describe_plan(a, moex::cuda::Algo::kGrouped);
-  if (d.major == 9 && d.minor == 0 && !off)
-    EXPECT_NE(mid.find("wgmma (sm_90a) tiles of 64 rows"), std::string::npos) << mid;
-  else EXPECT_NE(mid.find("mma.sync tiles of 16"), std::string::npos) << mid;
-  a.tokens = 2;  // decode: 16-row mma.sync tiles
-  EXPECT_NE(moex::cuda::describe_plan(a, moex::cuda::Algo::kGrouped).find("mma.sync tiles of 16"),
-            std::string::npos);
-  a.transposed = true;  // no wgmma path for transposed weights yet
-  a.tokens = 4096;
-  EXPECT_EQ(moex::cuda::describe_plan(a, moex::cuda::Algo::kGrouped).find("wgmma"),
-            std::string::npos);
+  const moex::cuda::DeviceTraits t = moex::cuda::traits_of(moex::cuda::current_device());
+  EXPECT_EQ(t.cc_major, d.major);
+  EXPECT_EQ(t.cc_minor, d.minor);
+  EXPECT_EQ(t.sm_count, d.sm_count);
+  moex::cuda::ExpertsShape qwen;
+  qwen.elem = moex::cuda::Elem::kBF16;
+  qwen.pairs = 4096 * 4;
+  qwen.experts = 60;
+  qwen.hidden = 2048;
+  qwen.intermediate = 1408;
+  const ExpertsPlan p = moex::cuda::plan_grouped_mm(qwen, t);
+  EXPECT_EQ(p.gemm, d.major == 9 && d.minor == 0 ? GemmPath::kWgmma : GemmPath::kMmaSync)
+      << p.describe();
 }
 
 // route_by_expert's tile table: each expert's tiles in order, cut into round(n / raster_tiles)
@@ -328,17 +369,21 @@ TEST(CudaRoute, TilesAndRasterGroups) {
     }
 }
 
+// Each built-in name has exactly one CUDA implementation, registered from src/cuda, beside the
+// CPU one; the registry dispatches between them.
 TEST(CudaRuntime, CapsAndRegistry) {
-  for (auto b : {moex::cuda::make_eager_backend(), moex::cuda::make_batched_mm_backend(),
-                 moex::cuda::make_grouped_mm_backend()}) {
-    BackendCaps c = b->caps();
-    ASSERT_EQ(c.devices.size(), 1u);
-    EXPECT_EQ(c.devices[0], DeviceKind::kCUDA);
-    EXPECT_EQ(c.dtypes.size(), 3u);
+  for (const char* name : {"eager", "batched_mm", "grouped_mm"}) {
+    int cuda_impls = 0;
+    for (const auto& b : experts_backend_implementations(name)) {
+      BackendCaps c = b->caps();
+      if (c.devices != std::vector<DeviceKind>{DeviceKind::kCUDA}) continue;
+      ++cuda_impls;
+      EXPECT_EQ(c.dtypes.size(), 3u) << name;
+      EXPECT_EQ(c.graph_capturable, std::string(name) != "eager") << name;
+    }
+    EXPECT_EQ(cuda_impls, 1) << name;
+    EXPECT_EQ(experts_backend_implementations(name).size(), 2u) << name;
   }
-  EXPECT_FALSE(moex::cuda::make_eager_backend()->caps().graph_capturable);
-  EXPECT_TRUE(moex::cuda::make_batched_mm_backend()->caps().graph_capturable);
-  EXPECT_TRUE(moex::cuda::make_grouped_mm_backend()->caps().graph_capturable);
 }
 
 TEST(CudaRuntime, ErrorCheckNamesCallFileAndDevice) {
@@ -367,7 +412,13 @@ TEST(CudaRuntime, AllocatorReusesBlocks) {
   EXPECT_EQ(moex::cuda::allocator_stats().cuda_mallocs, before);
 }
 
-TEST(CudaRuntime, DeviceCountNeverThrows) { EXPECT_GE(moex::cuda::device_count(), 0); }
+// device_count() is the runtime's count, or 0 where the runtime has no device or no driver.
+TEST(CudaRuntime, DeviceCountMatchesTheRuntime) {
+  int n = -1;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  (void)cudaGetLastError();
+  EXPECT_EQ(moex::cuda::device_count(), e == cudaSuccess ? n : 0) << cudaGetErrorString(e);
+}
 
 }  // namespace
 

@@ -65,14 +65,14 @@ class RecordingBackend final : public ExpertsBackend {
     rec_->prepares.push_back(name_);
     return inner_->prepare(s, w);
   }
-  void forward(const ExpertsProblem& p, Tensor& out) const override {
+  void forward(const ExpertsProblem& p, Tensor& out, const ExecContext& ctx) const override {
     if (rec_->prepares_at_first_forward < 0)
       rec_->prepares_at_first_forward = int64_t(rec_->prepares.size());
     rec_->calls.push_back({name_, p.tokens(), rec_->model ? rec_->model->get_experts_implementation()
                                                           : ExpertsImplementation{}});
     if (p.tokens() == 1 && rec_->decode_calls++ == rec_->throw_at_decode_call)
       throw Error("injected failure in decode step");
-    inner_->forward(p, out);
+    inner_->forward(p, out, ctx);
   }
 
  private:

@@ -77,9 +77,9 @@ class CudaOnlyProbe final : public ExpertsBackend {
   std::unique_ptr<PreparedExperts> prepare(const ExpertsSpec& s, const ExpertsWeights& w) const override {
     return get_experts_backend("grouped_mm")->prepare(s, w);
   }
-  void forward(const ExpertsProblem& p, Tensor& out) const override {
+  void forward(const ExpertsProblem& p, Tensor& out, const ExecContext& ctx) const override {
     ++calls;
-    get_experts_backend("grouped_mm")->forward(p, out);
+    get_experts_backend("grouped_mm")->forward(p, out, ctx);
   }
   mutable int calls = 0;
 };

@@ -52,7 +52,7 @@ TEST(Registry, UnsupportedDeviceIsAClearError) {
       c.dtypes = {DType::kBF16};
       return c;
     }
-    void forward(const ExpertsProblem&, Tensor&) const override { FAIL() << "must not run"; }
+    void forward(const ExpertsProblem&, Tensor&, const ExecContext&) const override { FAIL() << "must not run"; }
   };
   register_experts_backend("test_cuda_only", std::make_shared<CudaOnly>());
   try {
@@ -88,7 +88,7 @@ TEST(Registry, BadInputsAreClearErrors) {
 class CountingBackend final : public ExpertsBackend {
  public:
   BackendCaps caps() const override { return get_experts_backend("grouped_mm")->caps(); }
-  void forward(const ExpertsProblem& p, Tensor& out) const override {
+  void forward(const ExpertsProblem& p, Tensor& out, const ExecContext&) const override {
     ++calls;
     ExpertsProblem inner = p;
     inner.prepared = nullptr;  // our prepare() returned nothing for the delegate

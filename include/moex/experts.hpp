@@ -27,6 +27,7 @@
 #include <string_view>
 #include <vector>
 
+#include "moex/context.hpp"
 #include "moex/device.hpp"
 #include "moex/dtype.hpp"
 #include "moex/tensor.hpp"
@@ -117,7 +118,9 @@ struct BackendCaps {
 };
 
 // The ExpertsInterface. Implementations are stateless with respect to calls (all per-weights state
-// lives in PreparedExperts), so one instance serves every layer and thread.
+// lives in PreparedExperts), so one instance serves every layer and thread. An implementation
+// serves the devices its caps() list; one registered name may have one implementation per device
+// (the CPU and the CUDA grouped_mm are two classes registered under one name).
 class ExpertsBackend {
  public:
   virtual ~ExpertsBackend() = default;
@@ -132,17 +135,37 @@ class ExpertsBackend {
     (void)weights;
     return nullptr;
   }
-  virtual void forward(const ExpertsProblem& problem, Tensor& out) const = 0;
+  // Computes `out` on ctx.device, enqueued on ctx.stream, scratch from ctx.workspace (or the
+  // prepared state's); never synchronises or allocates beyond that unless caps() says it is not
+  // graph-capturable.
+  virtual void forward(const ExpertsProblem& problem, Tensor& out, const ExecContext& ctx) const = 0;
 };
 
 // ---- registry ----
-// Built-in backends are listed in one table (src/core/builtin_backends.cpp); user code adds its
-// own with register_experts_backend (a later registration under the same name replaces it).
+// Every backend, built-in or not, registers itself: its own file plus one line,
+//   MOEX_REGISTER_EXPERTS_BACKEND("grouped_mm", GroupedMmCuda);
+// or a call of register_experts_backend. A registration sets the implementation of `name` for the
+// devices b->caps() lists; implementations of that name for other devices stay (a later
+// registration for the same device replaces the earlier one). get_experts_backend(name) returns
+// one backend that dispatches each call to the implementation for the device of its tensors.
 void register_experts_backend(const std::string& name, std::shared_ptr<const ExpertsBackend> b);
+// The per-device implementations registered under `name` (for `moex backends`); {} when unknown.
+std::vector<std::shared_ptr<const ExpertsBackend>> experts_backend_implementations(
+    std::string_view name);
 // Throws UnknownName: "unknown experts backend 'x'; registered: batched_mm, eager, grouped_mm".
 std::shared_ptr<const ExpertsBackend> get_experts_backend(std::string_view name);
 bool has_experts_backend(std::string_view name);
 std::vector<std::string> experts_backend_names();  // sorted
+
+#define MOEX_REGISTRATION_CONCAT2(a, b) a##b
+#define MOEX_REGISTRATION_CONCAT(a, b) MOEX_REGISTRATION_CONCAT2(a, b)
+// Registers a default-constructible ExpertsBackend subclass under `name` when the library (or the
+// plugin holding it) is loaded.
+#define MOEX_REGISTER_EXPERTS_BACKEND(name, Type)                                      \
+  static const bool MOEX_REGISTRATION_CONCAT(moex_registered_backend_, __LINE__) = [] { \
+    ::moex::register_experts_backend(name, std::make_shared<Type>());                  \
+    return true;                                                                       \
+  }()
 
 // ---- calls ----
 // Model-independent call: validates everything at this boundary, prepares (uncached) and runs.
@@ -159,8 +182,13 @@ class Experts {
   Experts(ExpertsSpec spec, ExpertsWeights weights);  // validates
   const ExpertsSpec& spec() const { return spec_; }
   const ExpertsWeights& weights() const { return weights_; }
+  // Allocates the output on hidden's device and runs on that device's default context.
   Tensor forward(std::string_view backend, const Tensor& hidden, const Tensor& top_k_index,
                  const Tensor& top_k_weights) const;
+  // Writes into the caller's `out` ([T, H], hidden's dtype and device) within `ctx`: the form a
+  // model uses so that a step allocates nothing and stays capturable.
+  void forward(std::string_view backend, const Tensor& hidden, const Tensor& top_k_index,
+               const Tensor& top_k_weights, Tensor& out, const ExecContext& ctx) const;
   // Runs the backend's one-time preparation (weight packing, workspaces) now instead of at the
   // first forward; a no-op when it is cached already. Models call it before timing a generate.
   void prepare(std::string_view backend) const;

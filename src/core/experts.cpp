@@ -183,7 +183,7 @@ Tensor experts_forward(std::string_view backend, const ExpertsSpec& spec,
   auto prepared = b->prepare(spec, weights);
   p.prepared = prepared.get();
   Tensor out = Tensor::empty({p.tokens(), spec.hidden}, hidden.dtype(), hidden.device());
-  b->forward(p, out);
+  b->forward(p, out, ExecContext::on(hidden.device()));
   return out;
 }
 
@@ -228,13 +228,29 @@ void Experts::prepare(std::string_view backend) const {
 
 Tensor Experts::forward(std::string_view backend, const Tensor& hidden, const Tensor& idx,
                         const Tensor& tw) const {
+  Tensor out = Tensor::empty({hidden.defined() && hidden.dim() == 2 ? hidden.size(0) : 0, spec_.hidden},
+                             hidden.defined() ? hidden.dtype() : weights_.gate_up.dtype(),
+                             hidden.defined() ? hidden.device() : weights_.gate_up.device());
+  forward(backend, hidden, idx, tw, out, ExecContext::on(out.device()));
+  return out;
+}
+
+void Experts::forward(std::string_view backend, const Tensor& hidden, const Tensor& idx,
+                      const Tensor& tw, Tensor& out, const ExecContext& ctx) const {
   auto b = get_experts_backend(backend);
   ExpertsProblem p = make_problem(*b, backend, spec_, weights_, hidden, idx, tw);
+  if (!out.defined() || out.shape() != Shape{p.tokens(), spec_.hidden} ||
+      out.dtype() != hidden.dtype() || out.device() != hidden.device() || !out.is_contiguous())
+    throw InvalidInput("experts output must be a contiguous " +
+                       std::string(dtype_name(hidden.dtype())) + " tensor of shape " +
+                       shape_str({p.tokens(), spec_.hidden}) + " on " + hidden.device().str() +
+                       ", got " + (out.defined() ? out.str() : std::string("nothing")));
+  if (ctx.device != hidden.device())
+    throw InvalidInput("execution context is on " + ctx.device.str() + " but the experts inputs are on " +
+                       hidden.device().str());
   std::shared_ptr<PreparedExperts> prepared = cached_prepare(*cache_, b, spec_, weights_);
   p.prepared = prepared.get();
-  Tensor out = Tensor::empty({p.tokens(), spec_.hidden}, hidden.dtype(), hidden.device());
-  b->forward(p, out);
-  return out;
+  b->forward(p, out, ctx);
 }
 
 }  // namespace moex

@@ -1,15 +1,13 @@
-// The CPU experts backends, composed with their CUDA counterparts in src/core/builtin_backends.cpp.
+// What the CPU experts backends (eager.cpp, batched_mm.cpp, grouped_mm.cpp) share. Each backend is
+// one class in its own file with one registration line; the CUDA implementations of the same
+// names register themselves from src/cuda, and the registry dispatches by device.
 #pragma once
 
-#include <memory>
+#include <string>
 
 #include "moex/experts.hpp"
 
 namespace moex::cpu {
-
-std::shared_ptr<const ExpertsBackend> make_eager_backend();
-std::shared_ptr<const ExpertsBackend> make_batched_mm_backend();
-std::shared_ptr<const ExpertsBackend> make_grouped_mm_backend();
 
 // Capabilities shared by the CPU implementations (CPU + the fake GPU used by policy tests).
 BackendCaps cpu_caps(std::string description);

@@ -15,7 +15,9 @@ class BatchedMmCpu final : public ExpertsBackend {
     return cpu_caps("one product per (token, slot) pair; for very few tokens");
   }
 
-  void forward(const ExpertsProblem& p, Tensor& out) const override {
+  // Host code: runs synchronously on the calling thread (and its OpenMP team); the context adds
+  // nothing on the CPU.
+  void forward(const ExpertsProblem& p, Tensor& out, const ExecContext&) const override {
     const ExpertsSpec& s = *p.spec;
     const int64_t H = s.hidden;
     RoutingView r(p);
@@ -39,10 +41,9 @@ class BatchedMmCpu final : public ExpertsBackend {
   }
 };
 
-}  // namespace
 
-std::shared_ptr<const ExpertsBackend> make_batched_mm_backend() {
-  return std::make_shared<BatchedMmCpu>();
-}
+MOEX_REGISTER_EXPERTS_BACKEND("batched_mm", BatchedMmCpu);
+
+}  // namespace
 
 }  // namespace moex::cpu

@@ -15,7 +15,9 @@ class EagerCpu final : public ExpertsBackend {
     return cpu_caps("loop over the experts that received tokens (reference)");
   }
 
-  void forward(const ExpertsProblem& p, Tensor& out) const override {
+  // Host code: runs synchronously on the calling thread (and its OpenMP team); the context adds
+  // nothing on the CPU.
+  void forward(const ExpertsProblem& p, Tensor& out, const ExecContext&) const override {
     const ExpertsSpec& s = *p.spec;
     const int64_t H = s.hidden;
     RoutingView r(p);
@@ -48,8 +50,9 @@ class EagerCpu final : public ExpertsBackend {
   }
 };
 
-}  // namespace
 
-std::shared_ptr<const ExpertsBackend> make_eager_backend() { return std::make_shared<EagerCpu>(); }
+MOEX_REGISTER_EXPERTS_BACKEND("eager", EagerCpu);
+
+}  // namespace
 
 }  // namespace moex::cpu

@@ -29,7 +29,9 @@ class GroupedMmCpu final : public ExpertsBackend {
     return prepare_cpu_experts(spec, weights, selected_kernel_path());
   }
 
-  void forward(const ExpertsProblem& p, Tensor& out) const override {
+  // Host code: runs synchronously on the calling thread (and its OpenMP team); the context adds
+  // nothing on the CPU.
+  void forward(const ExpertsProblem& p, Tensor& out, const ExecContext&) const override {
     if (const auto* packed = dynamic_cast<const PreparedCpuExperts*>(p.prepared)) {
       run_cpu_experts(*packed, p, out);
       return;
@@ -68,10 +70,9 @@ class GroupedMmCpu final : public ExpertsBackend {
   }
 };
 
-}  // namespace
 
-std::shared_ptr<const ExpertsBackend> make_grouped_mm_backend() {
-  return std::make_shared<GroupedMmCpu>();
-}
+MOEX_REGISTER_EXPERTS_BACKEND("grouped_mm", GroupedMmCpu);
+
+}  // namespace
 
 }  // namespace moex::cpu

@@ -2,7 +2,7 @@
 #include "cuda/experts_ops.hpp"
 
 #include <algorithm>
-#include <cstdlib>
+#include <cstdint>
 #include <vector>
 
 #include "cuda/runtime.hpp"
@@ -33,18 +33,16 @@ struct Workspace {
   size_t bytes;
 };
 
-int max_tiles_for(const ExpertsArgs& a, Algo algo) {
-  int64_t P = pairs_of(a);
-  if (algo == Algo::kBatched) return int(std::max<int64_t>(P, 1));
-  if (algo == Algo::kEager) return int(std::max<int64_t>(1, std::min<int64_t>(a.experts, P)));
-  return int(route_max_tiles(P, a.experts, grouped_tile_rows(a)));
-}
+// The buffers each backend needs beyond the common ones.
+enum class Extra : unsigned char { kNone, kSortedA, kEagerProducts };
 
-Workspace carve(const ExpertsArgs& a, Algo algo, void* base) {
+// max_tiles: the route table's size for the backend (batched: one tile per pair; eager: one per
+// expert; grouped: route_max_tiles of the plan's tile rows).
+Workspace carve(const ExpertsArgs& a, int max_tiles, Extra extra, void* base) {
   int64_t P = std::max<int64_t>(pairs_of(a), 1);
   size_t es = elem_size(a.elem);
   Workspace w{};
-  w.max_tiles = max_tiles_for(a, algo);
+  w.max_tiles = max_tiles;
   char* p = static_cast<char*>(base);
   size_t off = 0;
   auto take = [&](size_t bytes) {
@@ -59,8 +57,8 @@ Workspace carve(const ExpertsArgs& a, Algo algo, void* base) {
   w.num_tiles = reinterpret_cast<int*>(take(sizeof(int)));
   w.h = take(es * P * a.intermediate);
   w.y = reinterpret_cast<float*>(take(sizeof(float) * P * a.hidden));
-  if (algo == Algo::kGrouped) w.xs = take(es * P * a.hidden);
-  if (algo == Algo::kEager) {
+  if (extra == Extra::kSortedA) w.xs = take(es * P * a.hidden);
+  if (extra == Extra::kEagerProducts) {
     w.gu = reinterpret_cast<float*>(take(sizeof(float) * P * gate_up_rows(a)));
     w.xg = take(es * P * a.hidden);
   }
@@ -80,7 +78,7 @@ GroupedGemmArgs gemm_args(const ExpertsArgs& a, const Workspace& w, GemmKind kin
   g.transposed = a.transposed;
   g.gated = a.gated;
   g.concatenated = a.concatenated;
-  g.act = a.act;
+  g.act = int(a.act);
   g.limit = a.limit;
   g.alpha = a.alpha;
   const int64_t H = a.hidden, I = a.intermediate, R = gate_up_rows(a);
@@ -112,46 +110,29 @@ GroupedGemmArgs gemm_args(const ExpertsArgs& a, const Workspace& w, GemmKind kin
   return g;
 }
 
-bool mma_ok(const ExpertsArgs& a) {
-  // Only the layout matters here; carve the batched plan, whose tile count does not depend on
-  // this function (the grouped one does, through grouped_tile_rows).
-  Workspace w = carve(a, Algo::kBatched, nullptr);
-  // Pointer alignment of the workspace is 256 bytes; check the caller's tensors and strides.
+void run_gemms(const ExpertsArgs& a, const Workspace& w, const ExpertsPlan& plan, cudaStream_t s) {
   GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
   GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
-  g2.a = a.hidden_states;  // h lives in the (aligned) workspace; test a real pointer instead
-  return grouped_gemm_mma_supported(g1) && grouped_gemm_mma_supported(g2);
-}
-
-// The Hopper path serves the 64- and 128-row configurations of grouped_mm; both GEMMs must
-// qualify (the gathered A buffer only exists for grouped).
-bool wgmma_ok(const ExpertsArgs& a) {
-  // The batched carve: its tile count does not depend on grouped_tile_rows, which calls this.
-  Workspace w = carve(a, Algo::kBatched, nullptr);
-  GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
-  GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
-  g1.a = g2.a = a.hidden_states;
-  return (a.hidden * elem_size(a.elem)) % 16 == 0 && grouped_gemm_wgmma_supported(g1) &&
-         grouped_gemm_wgmma_supported(g2);
-}
-
-void run_gemms(const ExpertsArgs& a, const Workspace& w, bool mma, int tile_rows,
-               cudaStream_t s) {
-  GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
-  GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
-  if (mma && (tile_rows == 64 || tile_rows == 128 || tile_rows == 256) && wgmma_ok(a)) {
-    const int64_t P = pairs_of(a);
-    g1.a_rows = g2.a_rows = P;
-    launch_gather_sorted(a.hidden_states, w.sorted_pair, w.offsets + a.experts, a.top_k, P,
-                         int(a.hidden), a.elem, w.xs, s);
-    launch_grouped_gemm_wgmma(g1, tile_rows, s);
-    launch_grouped_gemm_wgmma(g2, tile_rows, s);
-  } else if (mma) {
-    launch_grouped_gemm_mma(g1, tile_rows, s);
-    launch_grouped_gemm_mma(g2, tile_rows, s);
-  } else {
-    launch_grouped_gemm_simt(g1, s);
-    launch_grouped_gemm_simt(g2, s);
+  switch (plan.gemm) {
+    case GemmPath::kWgmma: {
+      const int64_t P = pairs_of(a);
+      g1.a_rows = g2.a_rows = P;
+      launch_gather_sorted(a.hidden_states, w.sorted_pair, w.offsets + a.experts, a.top_k, P,
+                           int(a.hidden), a.elem, w.xs, s);
+      WgmmaConfig c{plan.tile_rows, plan.b_rows, plan.pingpong_gate_up};
+      launch_grouped_gemm_wgmma(g1, c, s);
+      c.pingpong = plan.pingpong_down;
+      launch_grouped_gemm_wgmma(g2, c, s);
+      return;
+    }
+    case GemmPath::kMmaSync:
+      launch_grouped_gemm_mma(g1, plan.tile_rows, s);
+      launch_grouped_gemm_mma(g2, plan.tile_rows, s);
+      return;
+    case GemmPath::kSimt:
+      launch_grouped_gemm_simt(g1, s);
+      launch_grouped_gemm_simt(g2, s);
+      return;
   }
 }
 
@@ -182,7 +163,7 @@ void run_eager(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
     launch_dense_linear(xg, rows, int(H), gu_w, a.transposed ? 1 : H, a.transposed ? R : 1, gu_b,
                         int(R), a.elem, w.gu, s);
     char* h = static_cast<char*>(w.h) + es * size_t(begin) * I;
-    launch_activation(w.gu, rows, int(I), a.gated, a.concatenated, a.act, a.limit, a.alpha,
+    launch_activation(w.gu, rows, int(I), a.gated, a.concatenated, int(a.act), a.limit, a.alpha,
                       a.elem, h, s);
     const char* dn_w = static_cast<const char*>(a.down) + es * size_t(e) * H * I;
     const char* dn_b = a.has_bias ? static_cast<const char*>(a.down_bias) + es * size_t(e) * H
@@ -195,87 +176,78 @@ void run_eager(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
 
 }  // namespace
 
-const char* algo_name(Algo a) {
-  switch (a) {
-    case Algo::kEager: return "eager";
-    case Algo::kBatched: return "batched_mm";
-    case Algo::kGrouped: return "grouped_mm";
-  }
-  return "?";
+// The kernels take the activation as its Activation value.
+static_assert(int(Activation::kSilu) == 0 && int(Activation::kGelu) == 1 &&
+              int(Activation::kGeluTanh) == 2 && int(Activation::kRelu) == 3 &&
+              int(Activation::kSwigluOai) == 4);
+
+ExpertsShape shape_of(const ExpertsArgs& a) {
+  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  ExpertsShape s;
+  s.elem = a.elem;
+  s.pairs = pairs_of(a);
+  s.experts = a.experts;
+  s.hidden = a.hidden;
+  s.intermediate = a.intermediate;
+  s.gated = a.gated;
+  s.concatenated = a.concatenated;
+  s.transposed = a.transposed;
+  s.aligned16 = aligned(a.hidden_states) && aligned(a.gate_up) && aligned(a.down);
+  return s;
 }
 
-bool uses_tensor_cores(const ExpertsArgs& a) { return mma_ok(a); }
-
-int grouped_tile_rows(const ExpertsArgs& a) {
-  if (!mma_ok(a)) return kSimtTileRows;
-  int64_t P = pairs_of(a);
-  int64_t active = std::max<int64_t>(1, std::min<int64_t>(a.experts, P));
-  // MOEX_CUDA_TILE_ROWS=16|64|128|256 overrides the policy (measuring the switch points).
-  static const int forced = [] {
-    const char* e = std::getenv("MOEX_CUDA_TILE_ROWS");
-    const int v = e ? std::atoi(e) : 0;
-    return v == 16 || v == 64 || v == 128 || v == 256 ? v : 0;
-  }();
-  if (forced == 256) return wgmma_ok(a) ? 256 : 128;  // (cluster pairs exist on Hopper only)
-  if (forced) return forced;
-  // Measured on the H200 (docs/cuda.md, "Tile rows"): 16-row mma.sync tiles win up to ~20 rows
-  // per expert (Qwen T = 256: 0.301 ms vs 0.348 with 64-row wgmma tiles); at ~32 rows 64-row
-  // wgmma tiles read each expert's weights once instead of twice (DeepSeek T = 1024: 5.80 ms vs
-  // 8.41 with 16-row, 6.06 with 128-row tiles); from ~64 rows the 128-row tiles are fastest.
-  const int64_t rows = P / active;
-  if (rows <= 24) return 16;
-  if (rows <= 48) return wgmma_ok(a) ? 64 : 16;
-  // 128-row tiles; on Hopper with MOEX_WGMMA_CLUSTER=1, 256-row route tiles computed by CTA
-  // pairs that share each weight tile (as transformers' CUTLASS kernel does; slower here on most
-  // rows, docs/cuda.md).
-  return wgmma_ok(a) && grouped_gemm_wgmma_clusters() ? 256 : 128;
+DeviceTraits traits_of(int device) {
+  const DeviceInfo& d = device_info(device);
+  return DeviceTraits{d.major, d.minor, d.sm_count};
 }
 
-std::string describe_plan(const ExpertsArgs& a, Algo algo) {
-  std::string s = algo_name(algo);
-  bool mma = mma_ok(a);
-  if (algo == Algo::kEager) return s + ": per-expert loop, SIMT fp32 products (synchronises)";
-  if (algo == Algo::kBatched)
-    return s + (mma ? ": one 16-row mma.sync tile per pair" : ": one SIMT tile per pair");
-  const int rows = grouped_tile_rows(a);
-  if (mma && rows == 256 && wgmma_ok(a))
-    return s + ": TMA + wgmma (sm_90a) tiles of 128 rows in 2-CTA clusters sharing each weight "
-               "tile";
-  if (mma && rows == 128 && wgmma_ok(a) &&
-      grouped_gemm_wgmma_pingpong(GemmKind::kDown, int(a.intermediate)))
-    return s + ": TMA + wgmma (sm_90a) tiles of 128 rows, down GEMM on ping-pong warpgroups";
-  if (mma && (rows == 64 || rows == 128) && wgmma_ok(a))
-    return s + ": TMA + wgmma (sm_90a) tiles of " + std::to_string(rows) + " rows";
-  return s + (mma ? ": mma.sync tiles of " : ": SIMT tiles of ") + std::to_string(rows) + " rows";
+size_t eager_workspace_bytes(const ExpertsArgs& a) {
+  const int tiles = int(std::max<int64_t>(1, std::min<int64_t>(a.experts, pairs_of(a))));
+  return carve(a, tiles, Extra::kEagerProducts, nullptr).bytes;
 }
 
-size_t workspace_bytes(const ExpertsArgs& a, Algo algo) { return carve(a, algo, nullptr).bytes; }
-
-void run_experts(const ExpertsArgs& a, Algo algo, void* workspace, cudaStream_t s) {
+void eager_experts(const ExpertsArgs& a, void* workspace, cudaStream_t s) {
   if (a.tokens <= 0) return;
-  Workspace w = carve(a, algo, workspace);
+  const int tiles = int(std::max<int64_t>(1, std::min<int64_t>(a.experts, pairs_of(a))));
+  run_eager(a, carve(a, tiles, Extra::kEagerProducts, workspace), s);
+}
+
+size_t batched_mm_workspace_bytes(const ExpertsArgs& a, const ExpertsPlan&) {
+  return carve(a, int(std::max<int64_t>(pairs_of(a), 1)), Extra::kNone, nullptr).bytes;
+}
+
+void batched_mm_experts(const ExpertsArgs& a, const ExpertsPlan& plan, void* workspace,
+                        cudaStream_t s) {
+  if (a.tokens <= 0) return;
   const int64_t P = pairs_of(a);
-  switch (algo) {
-    case Algo::kEager:
-      run_eager(a, w, s);
-      return;
-    case Algo::kBatched: {
-      launch_route_per_pair(a.top_k_index, a.index_i64, P, a.experts, w.sorted_pair,
-                            w.pos_of_pair, w.tiles, w.num_tiles, s);
-      run_gemms(a, w, mma_ok(a), 16, s);
-      run_combine(a, w, s);
-      return;
-    }
-    case Algo::kGrouped: {
-      int rows = grouped_tile_rows(a);
-      launch_route_by_expert(a.top_k_index, a.index_i64, P, a.experts, rows,
-                             grouped_gemm_raster_tiles(rows), w.offsets,
-                             w.sorted_pair, w.pos_of_pair, w.tiles, w.max_tiles, w.num_tiles, s);
-      run_gemms(a, w, mma_ok(a), rows, s);
-      run_combine(a, w, s);
-      return;
-    }
-  }
+  Workspace w = carve(a, int(std::max<int64_t>(P, 1)), Extra::kNone, workspace);
+  launch_route_per_pair(a.top_k_index, a.index_i64, P, a.experts, w.sorted_pair, w.pos_of_pair,
+                        w.tiles, w.num_tiles, s);
+  run_gemms(a, w, plan, s);
+  run_combine(a, w, s);
+}
+
+namespace {
+Workspace carve_grouped(const ExpertsArgs& a, const ExpertsPlan& plan, void* base) {
+  return carve(a, int(route_max_tiles(pairs_of(a), a.experts, plan.tile_rows)),
+               plan.gemm == GemmPath::kWgmma ? Extra::kSortedA : Extra::kNone, base);
+}
+}  // namespace
+
+size_t grouped_mm_workspace_bytes(const ExpertsArgs& a, const ExpertsPlan& plan) {
+  return carve_grouped(a, plan, nullptr).bytes;
+}
+
+void grouped_mm_experts(const ExpertsArgs& a, const ExpertsPlan& plan, void* workspace,
+                        cudaStream_t s) {
+  if (a.tokens <= 0) return;
+  const int64_t P = pairs_of(a);
+  Workspace w = carve_grouped(a, plan, workspace);
+  launch_route_by_expert(a.top_k_index, a.index_i64, P, a.experts, plan.tile_rows,
+                         plan.raster_tiles, w.offsets, w.sorted_pair, w.pos_of_pair, w.tiles,
+                         w.max_tiles, w.num_tiles, s);
+  run_gemms(a, w, plan, s);
+  run_combine(a, w, s);
 }
 
 }  // namespace moex::cuda

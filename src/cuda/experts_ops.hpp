@@ -1,5 +1,6 @@
 // Ops: the top tier of the CUDA experts code. Validated problem in (raw pointers and sizes, see
-// ExpertsArgs), configuration chosen by pure functions of the shape, launchers called in order.
+// ExpertsArgs), a plan chosen by a pure function of the shape and device (experts_plan.hpp) and
+// passed in as a value, launchers called in order.
 //
 //   batched_mm: route_per_pair -> gate_up GEMM (one tile per pair: the pair's expert rows are
 //               streamed from the weight tensor, nothing is copied) -> down GEMM -> combine
@@ -20,6 +21,9 @@
 #include <cstdint>
 #include <string>
 
+#include "moex/experts.hpp"
+
+#include "cuda/experts_plan.hpp"
 #include "cuda/launchers.hpp"
 
 namespace moex::cuda {
@@ -30,7 +34,7 @@ struct ExpertsArgs {
   int top_k = 0;
   int experts = 0, hidden = 0, intermediate = 0;
   bool gated = true, has_bias = false, transposed = false, concatenated = true;
-  int act = 0;
+  Activation act = Activation::kSilu;
   float limit = 7.f, alpha = 1.702f;
   const void* hidden_states = nullptr;  // [T, H]
   const void* top_k_index = nullptr;    // [T, k] int32 / int64
@@ -45,21 +49,20 @@ struct ExpertsArgs {
   void* out = nullptr;                  // [T, H]
 };
 
-enum class Algo { kEager, kBatched, kGrouped };
-const char* algo_name(Algo a);
+// What the plans read off a call, and the plans of the current device (traits read once).
+ExpertsShape shape_of(const ExpertsArgs& a);
+DeviceTraits traits_of(int device);
 
-// Tile rows of grouped_mm: a pure function of (P, E, dtype, layout). 16-row tiles while experts
-// average few rows each (memory-bound: weights dominate), 128-row tiles once they are large.
-// Falls back to the SIMT kernel's tile where the tensor-core kernel does not apply.
-int grouped_tile_rows(const ExpertsArgs& a);
-// Whether the tensor-core kernel serves both GEMMs of this problem (else the SIMT kernel does).
-bool uses_tensor_cores(const ExpertsArgs& a);
-// One line describing the plan, for logs and the bench ("grouped_mm: mma tile 16, ...").
-std::string describe_plan(const ExpertsArgs& a, Algo algo);
-
-size_t workspace_bytes(const ExpertsArgs& a, Algo algo);
-// Runs the experts function; `workspace` holds workspace_bytes(a, algo) bytes of device memory.
-// batched and grouped never synchronise nor allocate (graph-capturable); eager synchronises.
-void run_experts(const ExpertsArgs& a, Algo algo, void* workspace, cudaStream_t stream);
+// One op per backend: `workspace` holds *_workspace_bytes(a, plan) bytes of device memory.
+// batched_mm and grouped_mm never synchronise nor allocate (graph-capturable); eager reads the
+// per-expert offsets back to the host (it synchronises `stream`).
+size_t eager_workspace_bytes(const ExpertsArgs& a);
+void eager_experts(const ExpertsArgs& a, void* workspace, cudaStream_t stream);
+size_t batched_mm_workspace_bytes(const ExpertsArgs& a, const ExpertsPlan& plan);
+void batched_mm_experts(const ExpertsArgs& a, const ExpertsPlan& plan, void* workspace,
+                        cudaStream_t stream);
+size_t grouped_mm_workspace_bytes(const ExpertsArgs& a, const ExpertsPlan& plan);
+void grouped_mm_experts(const ExpertsArgs& a, const ExpertsPlan& plan, void* workspace,
+                        cudaStream_t stream);
 
 }  // namespace moex::cuda

@@ -38,9 +38,9 @@ void launch_mma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
   MOEX_CUDA_CHECK_LAUNCH(grouped_gemm_mma_kernel);
 }
 
-// 16-row tables run the small configuration, 64- and 128-row tables the 128-row one (64 only when
-// forced with MOEX_CUDA_TILE_ROWS where wgmma does not apply: rows past a tile's count are
-// computed and not stored, as at the end of every expert).
+// 16-row tables run the small configuration, 64- and 128-row tables the 128-row one (64 only in a
+// plan set by hand where wgmma does not apply: rows past a tile's count are computed and not
+// stored, as at the end of every expert).
 template <class T, GemmKind kKind, int kGroups, bool kTransB>
 void launch_mma_config(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {
   if (tile_rows == 16) launch_mma_instance<T, kKind, kGroups, kTransB, MmaSmall<kGroups>>(a, stream);

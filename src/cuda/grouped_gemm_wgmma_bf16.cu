@@ -2,7 +2,8 @@
 #include "cuda/grouped_gemm_wgmma_impl.cuh"
 
 namespace moex::cuda {
-void launch_grouped_gemm_wgmma_bf16(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {
-  launch_grouped_gemm_wgmma_typed<__nv_bfloat16>(a, tile_rows, stream);
+void launch_grouped_gemm_wgmma_bf16(const GroupedGemmArgs& a, const WgmmaConfig& c,
+                                    cudaStream_t stream) {
+  launch_grouped_gemm_wgmma_typed<__nv_bfloat16>(a, c, stream);
 }
 }  // namespace moex::cuda

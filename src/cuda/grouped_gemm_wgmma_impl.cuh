@@ -7,8 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "cuda/grouped_gemm_wgmma.cuh"
@@ -19,16 +17,6 @@ namespace moex::cuda {
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
 CUtensorMap encode_tensor_map_2d(const void* base, bool bf16, int64_t rows, int64_t cols,
                                  int box_rows, int box_cols);
-
-// Output columns per tile: 256 weight rows per stage by default (m64n256 per consumer);
-// MOEX_WGMMA_BN=128 selects the narrower tile (kept for measurements).
-inline int wgmma_b_rows() {
-  static const int v = [] {
-    const char* e = std::getenv("MOEX_WGMMA_BN");
-    return e && std::string(e) == "128" ? 128 : 256;
-  }();
-  return v;
-}
 
 // Stages: as many as fit in ~200 KB of shared memory.
 template <class T, int BNB, int kConsumers>
@@ -87,14 +75,7 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
       MOEX_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
       if (clusters <= 0)
         throw DeviceError("grouped_gemm_wgmma: no 2-CTA cluster of this kernel fits on the device "
-                          "(unset MOEX_WGMMA_CLUSTER and MOEX_CUDA_TILE_ROWS=256)");
-      // MOEX_WGMMA_CLUSTERS=n caps the persistent grid at n pairs, MOEX_WGMMA_DEBUG prints the
-      // count (measurements: on the H200 the time scales with the cap, so all 66 pairs run).
-      if (const char* e = std::getenv("MOEX_WGMMA_CLUSTERS"); e && std::atoi(e) > 0)
-        clusters = std::min(clusters, std::atoi(e));
-      if (std::getenv("MOEX_WGMMA_DEBUG"))
-        std::fprintf(stderr, "moex: grouped_gemm_wgmma: %d clusters of %d CTAs on %d SMs\n",
-                     clusters, kCluster, device_info(dev).sm_count);
+                          "(plan a tile of 128 rows instead)");
       fit[dev & 63].store(clusters);
     }
     cfg.gridDim = dim3(unsigned(kCluster * std::min<int64_t>(max_items, clusters)));
@@ -104,27 +85,28 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
 }
 
 template <class T, GemmKind kKind, int kGroups, int kConsumers>
-void launch_wgmma_width(const GroupedGemmArgs& a, cudaStream_t stream) {
-  if (wgmma_b_rows() == 128) launch_wgmma_instance<T, kKind, kGroups, 128, kConsumers>(a, stream);
+void launch_wgmma_width(const GroupedGemmArgs& a, const WgmmaConfig& c, cudaStream_t stream) {
+  if (c.b_rows == 128) launch_wgmma_instance<T, kKind, kGroups, 128, kConsumers>(a, stream);
   else launch_wgmma_instance<T, kKind, kGroups, 256, kConsumers>(a, stream);
 }
 
-// tile_rows: 64 (one consumer warpgroup), 128 (two), or 256: route tiles of 256 rows, each
-// computed by a cluster of two 128-row CTAs sharing the weight tiles.
+// The one run-time -> compile-time switch of the Hopper GEMM: tile rows 64 (one consumer
+// warpgroup), 128 (two; cooperative or ping-pong), or 256 (a 2-CTA cluster of 128-row CTAs
+// sharing the weight tiles).
 template <class T, GemmKind kKind, int kGroups>
-void launch_wgmma_rows(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {
-  if (tile_rows == 256) launch_wgmma_instance<T, kKind, kGroups, 256, 2, false, 2>(a, stream);
-  else if (tile_rows == 64) launch_wgmma_width<T, kKind, kGroups, 1>(a, stream);
-  else if (grouped_gemm_wgmma_pingpong(kKind, a.K))
-    launch_wgmma_instance<T, kKind, kGroups, 128, 2, true>(a, stream);
-  else launch_wgmma_width<T, kKind, kGroups, 2>(a, stream);
+void launch_wgmma_rows(const GroupedGemmArgs& a, const WgmmaConfig& c, cudaStream_t stream) {
+  if (c.tile_rows == 256) launch_wgmma_instance<T, kKind, kGroups, 256, 2, false, 2>(a, stream);
+  else if (c.tile_rows == 64) launch_wgmma_width<T, kKind, kGroups, 1>(a, c, stream);
+  else if (c.pingpong) launch_wgmma_instance<T, kKind, kGroups, 128, 2, true>(a, stream);
+  else launch_wgmma_width<T, kKind, kGroups, 2>(a, c, stream);
 }
 
 template <class T>
-void launch_grouped_gemm_wgmma_typed(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {
-  if (a.kind == GemmKind::kDown) launch_wgmma_rows<T, GemmKind::kDown, 1>(a, tile_rows, stream);
-  else if (a.gated) launch_wgmma_rows<T, GemmKind::kGateUp, 2>(a, tile_rows, stream);
-  else launch_wgmma_rows<T, GemmKind::kGateUp, 1>(a, tile_rows, stream);
+void launch_grouped_gemm_wgmma_typed(const GroupedGemmArgs& a, const WgmmaConfig& c,
+                                     cudaStream_t stream) {
+  if (a.kind == GemmKind::kDown) launch_wgmma_rows<T, GemmKind::kDown, 1>(a, c, stream);
+  else if (a.gated) launch_wgmma_rows<T, GemmKind::kGateUp, 2>(a, c, stream);
+  else launch_wgmma_rows<T, GemmKind::kGateUp, 1>(a, c, stream);
 }
 
 }  // namespace moex::cuda

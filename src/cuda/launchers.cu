@@ -71,17 +71,6 @@ void launch_route_per_pair(const void* idx, bool index_i64, int64_t pairs, int e
 
 // ---------------------------------------------------------------- grouped GEMMs
 
-bool grouped_gemm_mma_supported(const GroupedGemmArgs& a) {
-  if (a.elem == Elem::kF32) return false;
-  if (a.K % 8 != 0 || a.N % 8 != 0) return false;
-  // Transposed + interleaved: a 16-byte chunk of a row would mix gate and up columns.
-  if (a.kind == GemmKind::kGateUp && a.gated && a.transposed && !a.concatenated) return false;
-  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  if (!aligned(a.a) || !aligned(a.w)) return false;
-  if ((a.w_expert_stride * 2) % 16 != 0 || (a.ldw * 2) % 16 != 0) return false;
-  return true;
-}
-
 void launch_grouped_gemm_mma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {
   if (a.max_tiles <= 0) return;
   // (256-row tiles are the Hopper cluster kernel's; this kernel would compute half of each.)

@@ -80,29 +80,20 @@ struct GroupedGemmArgs {
   int64_t w_rows_total = 0;  // E * rows per expert (the B tensor map's extent)
 };
 // Tensor-core path: mma.sync m16n8k16 with a cp.async pipeline (bf16 / f16; K, N multiples of 8;
-// 16-byte aligned pointers; not transposed+interleaved). tile_rows picks the configuration.
-bool grouped_gemm_mma_supported(const GroupedGemmArgs& a);
+// 16-byte aligned pointers; not transposed+interleaved: mma_applies in experts_plan.hpp).
+// tile_rows 16 runs the small configuration, 64 and 128 the 128-row one.
 void launch_grouped_gemm_mma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream);
 // Hopper path: TMA + wgmma, warp-specialised (grouped_gemm_wgmma.cuh). Needs a compute
 // capability 9.0 device, bf16 / f16, non-transposed weights, gated layouts concatenated, K a
-// multiple of 8, 16-byte aligned tensors, 64- or 128-row tiles (one or two consumer warpgroups)
-// or 256-row tiles (a 2-CTA cluster of 128-row CTAs sharing each weight tile), and A contiguous
-// in sorted order:
-// `a_sorted` with `a_rows` rows (gate_up: the gathered hidden rows, see launch_gather_sorted;
-// down: h). MOEX_CUDA_GEMM=mma turns it off (comparisons, bisecting).
-bool grouped_gemm_wgmma_supported(const GroupedGemmArgs& a);
-// Whether grouped_mm's large tiles run as 256-row cluster pairs (MOEX_WGMMA_CLUSTER=1: yes).
-bool grouped_gemm_wgmma_clusters();
-// Whether a GEMM of this kind and reduction length K on 128-row tiles runs the ping-pong
-// consumer warpgroups (each takes whole 128 x 128 items in turn; else both share 128 x 256
-// items): the down GEMM when K <= 2048. MOEX_WGMMA_PINGPONG = none | gate_up | down | both
-// overrides it (measurements).
-bool grouped_gemm_wgmma_pingpong(GemmKind kind, int K);
-// Tiles per raster group for route tiles of `tile_rows` rows: about 1024 rows of A (8 tiles of
-// 128 rows), whose K columns stay in L2 while the group's weight blocks stream past once.
-// MOEX_WGMMA_RASTER=n sets n tiles of 128 rows' worth (measurements).
-int grouped_gemm_raster_tiles(int tile_rows);
-void launch_grouped_gemm_wgmma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream);
+// multiple of 8, 16-byte aligned tensors (wgmma_applies in experts_plan.hpp), and A contiguous in
+// sorted order: `a_sorted` with `a_rows` rows (gate_up: the gathered hidden rows, see
+// launch_gather_sorted; down: h). The configuration comes from the plan:
+struct WgmmaConfig {
+  int tile_rows = 128;    // 64 (one consumer warpgroup), 128 (two), 256 (2-CTA cluster pairs)
+  int b_rows = 256;       // weight rows per stage (128 or 256)
+  bool pingpong = false;  // 128-row tiles: consumers take whole 128 x 128 items in turn
+};
+void launch_grouped_gemm_wgmma(const GroupedGemmArgs& a, const WgmmaConfig& c, cudaStream_t stream);
 // Any element type and layout, plain fp32 FMA (no tf32): the fallback and the fp32 path.
 constexpr int kSimtTileRows = 32;
 void launch_grouped_gemm_simt(const GroupedGemmArgs& a, cudaStream_t stream);

@@ -1,5 +1,5 @@
-// Device hooks of a CUDA build: forwards to the CUDA runtime layer (src/cuda/runtime.hpp).
-#ifdef MOEX_WITH_CUDA
+// Device hooks of a CUDA build (declared in core/device_hooks.hpp): forward to the CUDA runtime
+// layer (src/cuda/runtime.hpp). Only CUDA builds compile this folder.
 #include "core/device_hooks.hpp"
 #include "cuda/runtime.hpp"
 
@@ -14,4 +14,3 @@ void device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, siz
 int cuda_device_count() { return moex::cuda::device_count(); }
 
 }  // namespace moex::detail
-#endif

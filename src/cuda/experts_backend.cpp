@@ -1,0 +1,163 @@
+// CudaExpertsBackend: see experts_backend.hpp.
+#include "cuda/experts_backend.hpp"
+
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda/runtime.hpp"
+
+namespace moex::cuda {
+
+namespace {
+
+// Per-weights state: workspaces per stream. Grow-only, and old buffers are kept (not recycled)
+// until this object dies, because a captured graph may still point into them.
+struct CudaPrepared : PreparedExperts {
+  int device = 0;
+  std::mutex mu;
+  struct Buffer {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  std::unordered_map<cudaStream_t, Buffer> current;
+  std::vector<void*> retired;
+
+  void* workspace(cudaStream_t s, size_t bytes, bool capturing) {
+    std::lock_guard<std::mutex> lock(mu);
+    Buffer& b = current[s];
+    if (b.bytes < bytes) {
+      if (capturing)
+        throw DeviceError("experts workspace would have to grow to " + std::to_string(bytes) +
+                          " bytes during graph capture; run the same call once before capturing");
+      if (b.ptr) retired.push_back(b.ptr);
+      size_t cap = 0;
+      b.ptr = cache_alloc(bytes, device, &cap);
+      b.bytes = cap;
+    }
+    return b.ptr;
+  }
+  ~CudaPrepared() override {
+    for (auto& [s, b] : current) cache_free(b.ptr, device);
+    for (void* p : retired) cache_free(p, device);
+  }
+};
+
+Elem to_elem(DType t) {
+  switch (t) {
+    case DType::kF32: return Elem::kF32;
+    case DType::kF16: return Elem::kF16;
+    case DType::kBF16: return Elem::kBF16;
+    default: throw Unsupported("CUDA experts backends take float32, float16 or bfloat16, not " +
+                               std::string(dtype_name(t)));
+  }
+}
+
+int float_code(DType t) {
+  switch (t) {
+    case DType::kF32: return 0;
+    case DType::kF16: return 1;
+    case DType::kBF16: return 2;
+    default: throw InvalidInput("top_k_weights must be float32, float16 or bfloat16, got " +
+                                std::string(dtype_name(t)));
+  }
+}
+
+// route_by_expert keeps two ints per expert in one block's shared memory.
+constexpr int64_t kMaxExperts = 16384;
+
+}  // namespace
+
+ExpertsArgs args_of(const ExpertsProblem& pr, Tensor& out) {
+  const ExpertsSpec& s = *pr.spec;
+  const ExpertsWeights& w = *pr.weights;
+  ExpertsArgs a;
+  a.elem = to_elem(pr.hidden.dtype());
+  a.tokens = pr.tokens();
+  a.top_k = int(pr.top_k());
+  a.experts = int(s.num_experts);
+  a.hidden = int(s.hidden);
+  a.intermediate = int(s.intermediate);
+  a.gated = s.has_gate;
+  a.has_bias = s.has_bias;
+  a.transposed = s.is_transposed;
+  a.concatenated = s.is_concatenated;
+  a.act = s.act;
+  a.limit = s.swiglu_limit;
+  a.alpha = s.swiglu_alpha;
+  a.hidden_states = pr.hidden.raw();
+  a.top_k_index = pr.top_k_index.raw();
+  a.index_i64 = pr.top_k_index.dtype() == DType::kI64;
+  a.top_k_weights = pr.top_k_weights.raw();
+  a.weights_code = float_code(pr.top_k_weights.dtype());
+  a.weights_per_expert = pr.weights_per_expert;
+  a.gate_up = w.gate_up.raw();
+  a.down = w.down.raw();
+  a.gate_up_bias = s.has_bias ? w.gate_up_bias.raw() : nullptr;
+  a.down_bias = s.has_bias ? w.down_bias.raw() : nullptr;
+  a.out = out.raw();
+  return a;
+}
+
+BackendCaps CudaExpertsBackend::caps() const {
+  BackendCaps c;
+  c.devices = {DeviceKind::kCUDA};
+  c.dtypes = {DType::kBF16, DType::kF16, DType::kF32};
+  c.graph_capturable = capturable();
+  c.description = "CUDA: " + description();
+  return c;
+}
+
+std::string CudaExpertsBackend::unsupported_reason(const ExpertsSpec& spec, DType dtype,
+                                                   Device device) const {
+  std::string why = ExpertsBackend::unsupported_reason(spec, dtype, device);
+  if (!why.empty()) return why;
+  if (spec.hidden > (int64_t(1) << 30) || spec.intermediate > (int64_t(1) << 30))
+    return "supports hidden and intermediate sizes below 2^30";
+  if (spec.num_experts > kMaxExperts)
+    return "supports at most " + std::to_string(kMaxExperts) + " local experts";
+  return {};
+}
+
+std::unique_ptr<PreparedExperts> CudaExpertsBackend::prepare(const ExpertsSpec&,
+                                                             const ExpertsWeights& weights) const {
+  auto p = std::make_unique<CudaPrepared>();
+  p->device = weights.gate_up.device().index;
+  return p;
+}
+
+void CudaExpertsBackend::forward(const ExpertsProblem& pr, Tensor& out,
+                                 const ExecContext& ctx) const {
+  const int dev = pr.hidden.device().index;
+  DeviceGuard guard(dev);
+  cudaStream_t stream = ctx.stream ? static_cast<cudaStream_t>(ctx.stream) : current_stream();
+  if (pr.tokens() == 0) return;
+  if (pr.top_k() == 0) {  // every output is an empty sum
+    if (out.nbytes()) MOEX_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0, out.nbytes(), stream));
+    return;
+  }
+  // Sorted positions and tile rows are int32 on the device.
+  if (pr.tokens() * pr.top_k() >= (int64_t(1) << 31))
+    throw Unsupported("CUDA experts backends take at most 2^31 - 1 (token, slot) pairs per call, got " +
+                      std::to_string(pr.tokens() * pr.top_k()));
+  const ExpertsArgs a = args_of(pr, out);
+  const ExpertsPlan p = plan(a, traits_of(dev));
+  const size_t bytes = workspace_bytes(a, p);
+  if (ctx.workspace) {
+    run(a, p, ctx.workspace->get(bytes, ctx.capturing), stream);
+  } else if (auto* prepared = dynamic_cast<const CudaPrepared*>(pr.prepared)) {
+    run(a, p, const_cast<CudaPrepared*>(prepared)->workspace(stream, bytes, ctx.capturing), stream);
+  } else {
+    // No prepared state: a call-scoped workspace, returned to the cache in stream order.
+    void* ws = cache_alloc(bytes, dev);
+    try {
+      run(a, p, ws, stream);
+    } catch (...) {
+      cache_free(ws, dev);
+      throw;
+    }
+    cache_free(ws, dev);
+  }
+}
+
+}  // namespace moex::cuda

@@ -1,0 +1,126 @@
+// Kernel plans of the CUDA experts backends (see experts_plan.hpp). Host code only: no CUDA call,
+// so the policy is testable on machines without a GPU.
+#include "cuda/experts_plan.hpp"
+
+#include <algorithm>
+
+#include "cuda/launchers.hpp"
+#include "moex/error.hpp"
+
+namespace moex::cuda {
+
+const char* gemm_path_name(GemmPath p) {
+  switch (p) {
+    case GemmPath::kSimt: return "simt";
+    case GemmPath::kMmaSync: return "mma.sync";
+    case GemmPath::kWgmma: return "wgmma";
+  }
+  return "?";
+}
+
+std::string ExpertsPlan::describe() const {
+  const std::string rows = std::to_string(tile_rows);
+  switch (gemm) {
+    case GemmPath::kSimt: return "SIMT tiles of " + rows + " rows";
+    case GemmPath::kMmaSync: return "mma.sync tiles of " + rows + " rows";
+    case GemmPath::kWgmma: break;
+  }
+  if (cluster_pairs())
+    return "TMA + wgmma (sm_90a) tiles of 128 rows in 2-CTA clusters sharing each weight tile";
+  std::string s = "TMA + wgmma (sm_90a) tiles of " + rows + " rows";
+  if (b_rows != 256) s += ", " + std::to_string(b_rows) + " weight rows per stage";
+  if (tile_rows == 128 && pingpong_gate_up && pingpong_down) s += ", both GEMMs on ping-pong warpgroups";
+  else if (tile_rows == 128 && pingpong_down) s += ", down GEMM on ping-pong warpgroups";
+  else if (tile_rows == 128 && pingpong_gate_up) s += ", gate_up GEMM on ping-pong warpgroups";
+  return s;
+}
+
+bool mma_applies(const ExpertsShape& s) {
+  // Both GEMMs read 16-byte chunks of A and of the weights: K and N multiples of 8, aligned bases
+  // (the strides follow from the sizes). Transposed + interleaved would mix gate and up columns
+  // in one chunk.
+  return s.elem != Elem::kF32 && s.hidden % 8 == 0 && s.intermediate % 8 == 0 && s.aligned16 &&
+         !(s.gated && s.transposed && !s.concatenated);
+}
+
+bool wgmma_applies(const ExpertsShape& s, const DeviceTraits& d) {
+  // The TMA maps read weights row-major ([rows, K]) and the epilogue pairs gate and up column
+  // blocks, so transposed or interleaved layouts stay on mma.sync.
+  return d.hopper() && mma_applies(s) && !s.transposed && (!s.gated || s.concatenated);
+}
+
+namespace {
+
+ExpertsPlan simt_plan() {
+  ExpertsPlan p;
+  p.gemm = GemmPath::kSimt;
+  p.tile_rows = kSimtTileRows;
+  p.raster_tiles = 1024 / kSimtTileRows;
+  return p;
+}
+
+}  // namespace
+
+ExpertsPlan plan_batched_mm(const ExpertsShape& s, const DeviceTraits&) {
+  if (!mma_applies(s)) {
+    ExpertsPlan p = simt_plan();
+    p.raster_tiles = 1;  // (route_per_pair makes no raster groups)
+    return p;
+  }
+  ExpertsPlan p;
+  p.gemm = GemmPath::kMmaSync;
+  p.tile_rows = 16;
+  p.raster_tiles = 1;
+  return p;
+}
+
+ExpertsPlan plan_grouped_mm(const ExpertsShape& s, const DeviceTraits& d) {
+  if (!mma_applies(s)) return simt_plan();
+  const bool wgmma = wgmma_applies(s, d);
+  const int64_t active = std::max<int64_t>(1, std::min<int64_t>(s.experts, s.pairs));
+  const int64_t rows = s.pairs / active;
+  ExpertsPlan p;
+  // Measured on the H200 (docs/cuda.md, "Tile rows"): 16-row mma.sync tiles win up to ~20 rows
+  // per expert (Qwen T = 256: 0.301 ms vs 0.348 with 64-row wgmma tiles); at ~32 rows 64-row
+  // wgmma tiles read each expert's weights once instead of twice (DeepSeek T = 1024: 5.80 ms vs
+  // 8.41 with 16-row, 6.06 with 128-row tiles); from ~64 rows the 128-row tiles are fastest.
+  if (rows <= 24 || (rows <= 48 && !wgmma)) {
+    p.gemm = GemmPath::kMmaSync;
+    p.tile_rows = 16;
+  } else {
+    p.gemm = wgmma ? GemmPath::kWgmma : GemmPath::kMmaSync;
+    p.tile_rows = rows <= 48 ? 64 : 128;
+  }
+  // Ping-pong for the down GEMM when its reduction is short (K = I <= 2048: the fp32 epilogue is
+  // a large share of an item; DeepSeek T = 4096 -5.6%, Qwen T = 4096 -2.6% on the H200). Not for
+  // gate_up: 1-4% slower on Mixtral, level on Qwen, and at DeepSeek T = 4096 (-3%) behind the
+  // down GEMM's ping-pong (docs/cuda.md, "Measured and not kept").
+  p.pingpong_down = p.gemm == GemmPath::kWgmma && p.tile_rows == 128 && s.intermediate <= 2048;
+  p.raster_tiles = std::max(1, 1024 / p.tile_rows);
+  return p;
+}
+
+void check_plan(const ExpertsPlan& p, const ExpertsShape& s, const DeviceTraits& d) {
+  auto fail = [](const std::string& why) { throw InvalidInput("experts plan: " + why); };
+  switch (p.gemm) {
+    case GemmPath::kSimt:
+      if (p.tile_rows != kSimtTileRows) fail("SIMT tiles have " + std::to_string(kSimtTileRows) + " rows");
+      return;
+    case GemmPath::kMmaSync:
+      if (!mma_applies(s)) fail("mma.sync does not apply to this layout, dtype or alignment");
+      if (p.tile_rows != 16 && p.tile_rows != 64 && p.tile_rows != 128)
+        fail("mma.sync tiles have 16, 64 or 128 rows, not " + std::to_string(p.tile_rows));
+      break;
+    case GemmPath::kWgmma:
+      if (!wgmma_applies(s, d)) fail("wgmma needs an sm_90 device and a row-major, concatenated layout");
+      if (p.tile_rows != 64 && p.tile_rows != 128 && p.tile_rows != 256)
+        fail("wgmma tiles have 64, 128 or 256 (cluster pair) rows, not " + std::to_string(p.tile_rows));
+      if (p.b_rows != 128 && p.b_rows != 256) fail("wgmma stages hold 128 or 256 weight rows");
+      if (p.cluster_pairs() && (p.b_rows != 256 || p.pingpong_gate_up || p.pingpong_down))
+        fail("cluster pairs run cooperative 256-row stages");
+      break;
+  }
+  if (p.raster_tiles < 1 || p.raster_tiles > 0xffff) fail("raster_tiles must be in [1, 65535]");
+}
+
+}  // namespace moex::cuda

@@ -1,0 +1,77 @@
+// Kernel plans of the CUDA experts backends: which GEMM kernels run, on which tile shapes, as a
+// pure function of the problem's shape and the device's traits. A plan is computed once per call
+// (plan_* below), passed down as a value to the ops and launchers, printed by
+// `moex bench experts --explain`, and unit-tested on fixed shapes and traits without a GPU. No
+// environment variable or other hidden state changes it; tests that exercise the options the
+// policy does not pick on their machine set the fields explicitly (check_plan validates them).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace moex::cuda {
+
+enum class Elem : int;
+
+// What a plan depends on, read off a validated call (see shape_of in experts_ops.hpp).
+struct ExpertsShape {
+  Elem elem{};
+  int64_t pairs = 0;  // T * k
+  int experts = 0, hidden = 0, intermediate = 0;
+  bool gated = true, concatenated = true, transposed = false;
+  bool aligned16 = true;  // hidden, gate_up and down start on 16-byte boundaries
+};
+
+// What a plan depends on, read once per device (traits_of in experts_ops.hpp).
+struct DeviceTraits {
+  int cc_major = 0, cc_minor = 0;
+  int sm_count = 0;
+  bool hopper() const { return cc_major == 9 && cc_minor == 0; }
+};
+
+enum class GemmPath : unsigned char {
+  kSimt,     // fp32 FMA, any layout and size (the fp32 path and the fallback)
+  kMmaSync,  // mma.sync m16n8k16 + cp.async (bf16 / f16, K and N multiples of 8)
+  kWgmma,    // Hopper TMA + wgmma, warp-specialised (sm_90a; not transposed; gated: concatenated)
+};
+const char* gemm_path_name(GemmPath p);
+
+struct ExpertsPlan {
+  GemmPath gemm = GemmPath::kSimt;
+  // Rows of A per route tile. kSimt: 32. kMmaSync: 16 (streaming, small T) or 128 (64 runs the
+  // 128-row configuration). kWgmma: 64 (one consumer warpgroup), 128 (two), or 256: route tiles
+  // of 256 rows, each computed by a 2-CTA cluster of 128-row CTAs that multicast every weight tile
+  // to both (measured slower than single CTAs on every row but one, docs/cuda.md; never picked).
+  int tile_rows = 32;
+  // kWgmma: weight rows per pipeline stage (output columns per CTA): 256, or 128 (64-column
+  // gate_up tiles; measured faster only at Qwen1.5-MoE T = 1024, docs/cuda.md; never picked).
+  int b_rows = 256;
+  // kWgmma with 128-row tiles: the two consumer warpgroups take whole 128 x 128 items in turn
+  // (ping-pong) instead of sharing 128 x 256 items; per GEMM.
+  bool pingpong_gate_up = false, pingpong_down = false;
+  // Route tiles per raster group (tiles of one expert computed column block by column block while
+  // their A rows stay in L2): about 1024 rows of A.
+  int raster_tiles = 8;
+
+  bool cluster_pairs() const { return gemm == GemmPath::kWgmma && tile_rows == 256; }
+  bool operator==(const ExpertsPlan&) const = default;
+  // One line for logs and `--explain`: "TMA + wgmma (sm_90a) tiles of 128 rows, down GEMM on
+  // ping-pong warpgroups".
+  std::string describe() const;
+};
+
+// Whether the tensor-core kernels serve both GEMMs of this shape (layout, sizes, alignment).
+bool mma_applies(const ExpertsShape& s);
+bool wgmma_applies(const ExpertsShape& s, const DeviceTraits& d);
+
+// grouped_mm: 16-row mma.sync tiles while experts average few rows (memory-bound: weights
+// dominate), 64-row wgmma tiles around 32 rows per expert, 128-row tiles beyond (Hopper: wgmma,
+// ping-pong down GEMM when I <= 2048); SIMT where the tensor-core kernels do not apply.
+ExpertsPlan plan_grouped_mm(const ExpertsShape& s, const DeviceTraits& d);
+// batched_mm: one 16-row mma.sync tile per (token, slot) pair, or one SIMT tile.
+ExpertsPlan plan_batched_mm(const ExpertsShape& s, const DeviceTraits& d);
+// Throws InvalidInput naming the field when `p` cannot run this shape on this device (a plan set
+// by hand in a test or the bench).
+void check_plan(const ExpertsPlan& p, const ExpertsShape& s, const DeviceTraits& d);
+
+}  // namespace moex::cuda

@@ -1,0 +1,143 @@
+// The CUDA experts plans as pure functions of (shape, device traits): fixed inputs, no GPU needed,
+// so CI checks the policy that the H200 measurements chose (docs/cuda.md, "Tile rows").
+#include <gtest/gtest.h>
+
+#ifndef MOEX_WITH_CUDA
+
+TEST(CudaPlan, SkippedInCpuOnlyBuild) { GTEST_SKIP() << "built without CUDA (MOEX_CUDA=OFF)"; }
+
+#else
+
+#include "cuda/experts_plan.hpp"
+#include "cuda/launchers.hpp"
+#include "moex/error.hpp"
+
+using namespace moex::cuda;
+
+namespace {
+
+const DeviceTraits kH200{9, 0, 132};
+const DeviceTraits kA100{8, 0, 108};
+
+ExpertsShape shape(int64_t tokens, int k, int E, int H, int I, Elem e = Elem::kBF16) {
+  ExpertsShape s;
+  s.elem = e;
+  s.pairs = tokens * k;
+  s.experts = E;
+  s.hidden = H;
+  s.intermediate = I;
+  return s;
+}
+ExpertsShape qwen(int64_t T) { return shape(T, 4, 60, 2048, 1408); }
+ExpertsShape mixtral(int64_t T) { return shape(T, 2, 8, 4096, 14336); }
+
+TEST(CudaPlan, GroupedComputeBoundOnHopper) {
+  const ExpertsPlan p = plan_grouped_mm(qwen(4096), kH200);
+  EXPECT_EQ(p.gemm, GemmPath::kWgmma);
+  EXPECT_EQ(p.tile_rows, 128);
+  EXPECT_EQ(p.b_rows, 256);
+  EXPECT_TRUE(p.pingpong_down);  // K = I = 1408 <= 2048
+  EXPECT_FALSE(p.pingpong_gate_up);
+  EXPECT_EQ(p.raster_tiles, 8);
+  EXPECT_FALSE(p.cluster_pairs());
+  EXPECT_EQ(p.describe(), "TMA + wgmma (sm_90a) tiles of 128 rows, down GEMM on ping-pong warpgroups");
+  // Mixtral's K = 14336: the down GEMM stays cooperative.
+  const ExpertsPlan m = plan_grouped_mm(mixtral(4096), kH200);
+  EXPECT_EQ(m.gemm, GemmPath::kWgmma);
+  EXPECT_EQ(m.tile_rows, 128);
+  EXPECT_FALSE(m.pingpong_down);
+  EXPECT_EQ(m.describe(), "TMA + wgmma (sm_90a) tiles of 128 rows");
+}
+
+TEST(CudaPlan, GroupedTileRowsFollowRowsPerExpert) {
+  // 480 * 4 / 60 = 32 rows per expert: 64-row wgmma tiles on Hopper, 16-row mma.sync elsewhere.
+  const ExpertsPlan mid = plan_grouped_mm(qwen(480), kH200);
+  EXPECT_EQ(mid.gemm, GemmPath::kWgmma);
+  EXPECT_EQ(mid.tile_rows, 64);
+  EXPECT_EQ(mid.raster_tiles, 16);
+  EXPECT_FALSE(mid.pingpong_down);
+  const ExpertsPlan mid_a100 = plan_grouped_mm(qwen(480), kA100);
+  EXPECT_EQ(mid_a100.gemm, GemmPath::kMmaSync);
+  EXPECT_EQ(mid_a100.tile_rows, 16);
+  // Decode (2 tokens) and up to 24 rows per expert: 16-row mma.sync tiles everywhere.
+  for (int64_t T : {1, 2, 256, 360})
+    for (const DeviceTraits& d : {kH200, kA100}) {
+      const ExpertsPlan p = plan_grouped_mm(qwen(T), d);
+      EXPECT_EQ(p.gemm, GemmPath::kMmaSync) << T;
+      EXPECT_EQ(p.tile_rows, 16) << T;
+      EXPECT_EQ(p.describe(), "mma.sync tiles of 16 rows");
+    }
+  // Past 48 rows per expert off Hopper: the 128-row mma.sync configuration.
+  const ExpertsPlan big_a100 = plan_grouped_mm(qwen(4096), kA100);
+  EXPECT_EQ(big_a100.gemm, GemmPath::kMmaSync);
+  EXPECT_EQ(big_a100.tile_rows, 128);
+  EXPECT_FALSE(big_a100.pingpong_down);
+}
+
+TEST(CudaPlan, LayoutsAndDtypesOutsideTheTensorCoreKernels) {
+  ExpertsShape t = qwen(4096);
+  t.transposed = true;  // mma.sync reads transposed weights; wgmma does not
+  EXPECT_EQ(plan_grouped_mm(t, kH200).gemm, GemmPath::kMmaSync);
+  EXPECT_EQ(plan_grouped_mm(t, kH200).tile_rows, 128);
+  ExpertsShape inter = qwen(4096);
+  inter.concatenated = false;  // interleaved gate/up: mma.sync only
+  EXPECT_EQ(plan_grouped_mm(inter, kH200).gemm, GemmPath::kMmaSync);
+  inter.transposed = true;  // transposed + interleaved: SIMT
+  EXPECT_EQ(plan_grouped_mm(inter, kH200).gemm, GemmPath::kSimt);
+  ExpertsShape ungated = qwen(4096);
+  ungated.gated = false;
+  ungated.concatenated = false;  // (irrelevant without a gate)
+  EXPECT_EQ(plan_grouped_mm(ungated, kH200).gemm, GemmPath::kWgmma);
+  // fp32, sizes that are not multiples of 8, misaligned tensors: SIMT.
+  EXPECT_EQ(plan_grouped_mm(shape(4096, 4, 60, 2048, 1408, Elem::kF32), kH200).gemm, GemmPath::kSimt);
+  EXPECT_EQ(plan_grouped_mm(shape(4096, 4, 60, 2047, 1408), kH200).gemm, GemmPath::kSimt);
+  EXPECT_EQ(plan_grouped_mm(shape(4096, 4, 60, 2048, 1404), kH200).gemm, GemmPath::kSimt);
+  ExpertsShape mis = qwen(4096);
+  mis.aligned16 = false;
+  const ExpertsPlan p = plan_grouped_mm(mis, kH200);
+  EXPECT_EQ(p.gemm, GemmPath::kSimt);
+  EXPECT_EQ(p.tile_rows, kSimtTileRows);
+  EXPECT_EQ(p.describe(), "SIMT tiles of 32 rows");
+}
+
+TEST(CudaPlan, BatchedIsOneSixteenRowTilePerPair) {
+  for (int64_t T : {1, 4096}) {
+    const ExpertsPlan p = plan_batched_mm(qwen(T), kH200);
+    EXPECT_EQ(p.gemm, GemmPath::kMmaSync);
+    EXPECT_EQ(p.tile_rows, 16);
+  }
+  EXPECT_EQ(plan_batched_mm(shape(1, 4, 60, 2048, 1408, Elem::kF32), kH200).gemm, GemmPath::kSimt);
+}
+
+TEST(CudaPlan, PlansArePureFunctions) {
+  // The same inputs give the same plan (no hidden state: the policy reads nothing else).
+  for (int64_t T : {1, 480, 4096, 16384})
+    EXPECT_EQ(plan_grouped_mm(qwen(T), kH200), plan_grouped_mm(qwen(T), kH200));
+}
+
+TEST(CudaPlan, CheckPlanRejectsWhatCannotRun) {
+  const ExpertsShape q = qwen(4096);
+  ExpertsPlan w = plan_grouped_mm(q, kH200);
+  EXPECT_NO_THROW(check_plan(w, q, kH200));
+  EXPECT_THROW(check_plan(w, q, kA100), moex::InvalidInput);  // wgmma off Hopper
+  ExpertsPlan bad_rows = w;
+  bad_rows.tile_rows = 96;
+  EXPECT_THROW(check_plan(bad_rows, q, kH200), moex::InvalidInput);
+  ExpertsPlan bad_b = w;
+  bad_b.b_rows = 64;
+  EXPECT_THROW(check_plan(bad_b, q, kH200), moex::InvalidInput);
+  ExpertsPlan pair = w;
+  pair.tile_rows = 256;  // cluster pairs run cooperative stages only
+  EXPECT_THROW(check_plan(pair, q, kH200), moex::InvalidInput);
+  pair.pingpong_down = false;
+  EXPECT_NO_THROW(check_plan(pair, q, kH200));
+  EXPECT_TRUE(pair.cluster_pairs());
+  ExpertsPlan mma = {GemmPath::kMmaSync, 16, 256, false, false, 64};
+  ExpertsShape f32 = shape(4, 4, 60, 2048, 1408, Elem::kF32);
+  EXPECT_THROW(check_plan(mma, f32, kH200), moex::InvalidInput);
+  EXPECT_NO_THROW(check_plan(plan_grouped_mm(f32, kH200), f32, kH200));
+}
+
+}  // namespace
+
+#endif  // MOEX_WITH_CUDA
