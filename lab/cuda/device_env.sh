@@ -13,7 +13,7 @@ L=$OUT/logs
 S=$OUT/summary.txt
 mkdir -p "$L"
 if [ ! -x "$BUILD/moex" ]; then
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON \
+  cmake -S . -B "$BUILD" -G Ninja -DMOEX_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
     -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 > "$L/configure.log" 2>&1 &&
     cmake --build "$BUILD" > "$L/build.log" 2>&1 || { echo "build failed: $L/build.log" >&2; exit 1; }
