@@ -13,6 +13,8 @@ transformers' best. Usage (on the GPU machine):
 
   python3 bench/side_by_side.py --moex build-cuda/moex --shapes all --tokens 1,4,16,64,256,1024,4096,16384
 
+lab/cuda/side_by_side.sh runs it with the settings of the H200 table in docs/cuda.md.
+
 transformers' experts modules are all the same gated-SiLU function of (E, k, H, I) for these three
 shapes; the script instantiates Qwen2MoeExperts with each shape's sizes.
 """

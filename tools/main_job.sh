@@ -6,7 +6,7 @@
 #
 # Env: MOEX_BIN (default build/moex; built with tools/build.sh when missing), MODEL (checkpoint
 # folder), NEW_TOKENS (default 128), DTYPE (default: the checkpoint's), DEVICE (default cpu),
-# BACKENDS (default: all of `moex backends --names`, else eager batched_mm grouped_mm).
+# BACKENDS (default: eager batched_mm grouped_mm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${MOEX_BIN:-build/moex}"

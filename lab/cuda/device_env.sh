@@ -1,37 +1,33 @@
-# Sourced by the device-call scripts of lab/cuda (session 6 on): unpacks the prebuilt binaries
-# (build-pack/gpu.tar.xz, carried), sets OUT / L (logs) / S (summary), the /work/main link the
-# binaries' RUNPATH names and LD_LIBRARY_PATH, records the GPU, and defines
-#   run LABEL ENV FILTER BINARY   one gtest binary under ENV, a summary line + its failures
-#   run_all_suites                every CUDA suite and grouped-GEMM variant of tests/CMakeLists.txt
-# (Earlier scripts inline the same lines: they are records of calls already made.)
-tar xJf build-pack/gpu.tar.xz
-OUT=${OUT:-/tmp/moex_out}; mkdir -p "$OUT"; L=$OUT/logs; mkdir -p "$L"; S="$OUT/summary.txt"
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
-export LD_LIBRARY_PATH=$PWD/build-gpu:/usr/local/cuda/lib64
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader >> "$S"
+# Shared set-up of the lab/cuda scripts (sourced, not run). On a Hopper machine, from the repo root:
+# - BUILD (default build-gpu): the CUDA build; configured and built here if it has no moex yet
+#   (sm_90a; the two C++20 flags are for CMake 3.25, which does not know nvcc 13's, see docs/cuda.md);
+# - OUT (default /tmp/moex_out): where the script writes; $OUT/summary.txt collects one line per
+#   step, $OUT/logs/ the full output of each step;
+# - records the GPU (name, driver, max SM clock, power limit) at the top of the summary;
+# - defines `run_gtest LABEL BINARY [ARGS...]`: one GoogleTest binary, its result line and
+#   failures appended to the summary, its rc returned.
+set -u
+BUILD=${BUILD:-build-gpu}
+OUT=${OUT:-/tmp/moex_out}
+L=$OUT/logs
+S=$OUT/summary.txt
+mkdir -p "$L"
+if [ ! -x "$BUILD/moex" ]; then
+  cmake -S . -B "$BUILD" -G Ninja -DMOEX_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
+    -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 > "$L/configure.log" 2>&1 &&
+    cmake --build "$BUILD" > "$L/build.log" 2>&1 || { echo "build failed: $L/build.log" >&2; exit 1; }
+fi
+export LD_LIBRARY_PATH=$PWD/$BUILD:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC') $(git rev-parse --short HEAD 2>/dev/null)" \
+  "$(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader)" >> "$S"
 
-run() {  # label env filter binary
-  local f="$L/$(echo "$1" | tr ' =' '__').log"
-  env $2 timeout 200 $4 --gtest_brief=1 $3 > "$f" 2>&1
-  echo "$1 rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$f" | tr '\n' ' ')" >> "$S"
-  grep -E "^\[  FAILED  \]" "$f" | head -8 >> "$S"
-}
-
-run_all_suites() {
-  local T=build-gpu/tests/test_cuda_backends
-  local F="--gtest_filter=*CudaConsistency*:*CudaGraph*:CudaPlan*"
-  # (forced tile sizes change the plan that CudaPlan checks, so those variants leave it out)
-  local G="--gtest_filter=*CudaConsistency*:*CudaGraph*"
-  run cuda_default X=1 "" $T
-  run cuda_mma MOEX_CUDA_GEMM=mma "$F" $T
-  run cuda_64rows MOEX_CUDA_TILE_ROWS=64 "$G" $T
-  run cuda_pingpong_both MOEX_WGMMA_PINGPONG=both "$G" $T
-  run cuda_pingpong_none MOEX_WGMMA_PINGPONG=none "$F" $T
-  run cuda_cluster MOEX_WGMMA_CLUSTER=1 "$F" $T
-  run cuda_cluster_everywhere MOEX_CUDA_TILE_ROWS=256 "$G" $T
-  run cuda_bn128 MOEX_WGMMA_BN=128 "$G" $T
-  local t
-  for t in test_experts_fixtures test_experts_consistency test_model_cuda_experts; do
-    run $t X=1 "" build-gpu/tests/$t
-  done
+run_gtest() {  # label binary [args...]
+  local label=$1 bin=$2; shift 2
+  local f="$L/$label.log"
+  timeout 900 "$bin" --gtest_brief=1 "$@" > "$f" 2>&1
+  local rc=$?
+  echo "$label rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$f" | tr '\n' ' ')" >> "$S"
+  grep -E '^\[  FAILED  \]' "$f" | head -8 >> "$S"
+  return $rc
 }
