@@ -157,7 +157,7 @@ ExpertsProblem make_problem(const ExpertsBackend& b, std::string_view name, cons
   // [T, k], which is what transformers does (it checks the shape against k first).
   p.weights_per_expert = tw.size(1) != k;
   // Ids are checked here when they are host-visible; device ids cannot be read without a sync,
-  // so device kernels treat negative ids like sentinels (documented in docs/backends.md).
+  // so device kernels treat negative ids like sentinels (docs/design.md, "The experts call").
   if (dev.host_accessible()) {
     int64_t n = T * k;
     for (int64_t i = 0; i < n; ++i) {

@@ -78,11 +78,9 @@ struct WgmmaSmem {
 // the expert is read by all of the group's tiles at about the same time, so it comes from DRAM
 // once per group. (A plain tile-fastest order re-reads A from HBM once per column block when A
 // exceeds L2; a plain column-fastest order re-reads the weights once per tile; fixed groups of 8
-// tiles straddle experts, so an expert with 9 tiles had its weights read twice, ncu numbers in
-// docs/cuda.md.)
+// tiles straddle experts, so an expert with 9 tiles would have its weights read twice.)
 // Group g covers items [first_tile(g) * nblocks, (first_tile(g) + size(g)) * nblocks), so the
 // group of an item is the group of tile item / nblocks.
-constexpr int kWgmmaRasterTiles = 8;
 struct WorkItem {
   int tile, nb;
 };
