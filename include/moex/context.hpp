@@ -42,20 +42,20 @@ class Workspace {
 
 struct ExecContext {
   Device device = Device::cpu();
-  // CUDA: the cudaStream_t to enqueue on (as void* so that this header needs no CUDA headers);
-  // null means the calling thread's current moex stream of `device` (moex::cuda::current_stream).
+  // CUDA: the cudaStream_t to enqueue on (as void* so that this header needs no CUDA headers).
+  // The library fills a null stream in with the calling thread's current moex stream of `device`
+  // before a backend sees the context, so backends always get a concrete stream.
   void* stream = nullptr;
   // Scratch memory for the call; null: each backend uses the grow-only workspace it keeps in its
   // prepared state, one per stream.
   Workspace* workspace = nullptr;
   bool capturing = false;
 
-  // The default context of a device: its current stream, no caller workspace, not capturing.
-  static ExecContext on(Device d) {
-    ExecContext c;
-    c.device = d;
-    return c;
-  }
+  // The default context of a device: the calling thread's current moex stream there, no caller
+  // workspace, not capturing.
+  static ExecContext on(Device d);
+  // This context with a null stream replaced by the calling thread's current stream of `device`.
+  ExecContext resolved() const;
 };
 
 }  // namespace moex

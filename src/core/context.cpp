@@ -24,4 +24,16 @@ void* Workspace::get(size_t bytes, bool capturing) {
   return current_->data();
 }
 
+ExecContext ExecContext::on(Device d) {
+  ExecContext c;
+  c.device = d;
+  return c.resolved();
+}
+
+ExecContext ExecContext::resolved() const {
+  ExecContext c = *this;
+  if (!c.stream && c.device.is_cuda()) c.stream = detail::current_stream(c.device);
+  return c;
+}
+
 }  // namespace moex

@@ -15,5 +15,7 @@ std::shared_ptr<Storage> device_alloc(size_t bytes, Device device);
 // Copies between any two devices (host <-> CUDA, CUDA <-> CUDA) and waits for completion.
 void device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
 int cuda_device_count();  // 0 without GPU or without CUDA support; never throws
+// The calling thread's current stream of a CUDA device, as cudaStream_t (moex::cuda::current_stream).
+void* current_stream(Device device);
 
 }  // namespace moex::detail

@@ -15,6 +15,9 @@ void device_copy(void*, Device dst, const void*, Device src, size_t) {
                     " requested, but this moex was built without CUDA");
 }
 int cuda_device_count() { return 0; }
+void* current_stream(Device device) {
+  throw Unsupported("a stream of " + device.str() + " was requested, but this moex was built without CUDA");
+}
 
 }  // namespace moex::detail
 #endif

@@ -250,7 +250,7 @@ void Experts::forward(std::string_view backend, const Tensor& hidden, const Tens
                        hidden.device().str());
   std::shared_ptr<PreparedExperts> prepared = cached_prepare(*cache_, b, spec_, weights_);
   p.prepared = prepared.get();
-  b->forward(p, out, ctx);
+  b->forward(p, out, ctx.resolved());
 }
 
 }  // namespace moex

@@ -12,5 +12,9 @@ void device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, siz
   moex::cuda::copy_bytes(dst, dst_dev, src, src_dev, bytes);
 }
 int cuda_device_count() { return moex::cuda::device_count(); }
+void* current_stream(Device device) {
+  moex::cuda::DeviceGuard guard(device.index);
+  return moex::cuda::current_stream();
+}
 
 }  // namespace moex::detail

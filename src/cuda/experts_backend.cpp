@@ -130,7 +130,8 @@ void CudaExpertsBackend::forward(const ExpertsProblem& pr, Tensor& out,
                                  const ExecContext& ctx) const {
   const int dev = pr.hidden.device().index;
   DeviceGuard guard(dev);
-  cudaStream_t stream = ctx.stream ? static_cast<cudaStream_t>(ctx.stream) : current_stream();
+  cudaStream_t stream = ctx.stream ? static_cast<cudaStream_t>(ctx.stream) : current_stream();  // (a
+  // context built by hand and passed straight to the backend may still hold none)
   if (pr.tokens() == 0) return;
   if (pr.top_k() == 0) {  // every output is an empty sum
     if (out.nbytes()) MOEX_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0, out.nbytes(), stream));
