@@ -152,9 +152,10 @@ INSTANTIATE_TEST_SUITE_P(Cases, Attention,
                                            AttnCase{7, 3, true, 7}, AttnCase{7, 0, false, 2}),
                          attn_case_name);
 
-// transformers' eager bf16 attention rounds q.k, the scaled score, score - max and the sink.
-// One query, two keys, one head of width 1: every rounding point is visible in the result.
-TEST(AttentionEagerRounding, RoundsScoresWhereEagerBf16Does) {
+// transformers' eager bf16 attention rounds q.k, the scaled score, score - max, the sink and the
+// normalised probabilities; torch's sdpa rounds only the unnormalised exp. One query, two keys,
+// one head of width 1: every rounding point is visible in the result.
+TEST(AttentionRounding, Bf16RoundsWhereEagerOrSdpaDoes) {
   AttentionSpec s;
   s.heads = s.kv_heads = 1;
   s.head_dim_k = s.head_dim_v = 1;
@@ -177,10 +178,15 @@ TEST(AttentionEagerRounding, RoundsScoresWhereEagerBf16Does) {
 
   s.eager_rounding = true;
   EXPECT_EQ(attention(q, kv, Step{1, 2, 0}, s, DType::kBF16).to_float_vector()[1], want);
-  // Without eager rounding the scores stay float32: a different (sdpa-like) answer here.
+  // sdpa (torch's CPU flash kernel): float32 scores, the unnormalised exp rounded for the
+  // product with v, the division by the float32 sum last.
   s.eager_rounding = false;
-  const float sdpa = attention(q, kv, Step{1, 2, 0}, s, DType::kBF16).to_float_vector()[1];
-  EXPECT_EQ(sdpa, round_bf16(sdpa));
+  const float t0 = qv * kk[0] * 0.3f, t1 = qv * kk[1] * 0.3f, tm = std::max({t0, t1, 0.1234567f});
+  const float f0 = float(std::exp(double(t0 - tm))), f1 = float(std::exp(double(t1 - tm)));
+  const double fden = double(f0) + double(f1) + std::exp(double(0.1234567f - tm));
+  const float sdpa = r((r(f0) * vv[0] + r(f1) * vv[1]) / float(fden));
+  ASSERT_NE(sdpa, want);
+  EXPECT_EQ(attention(q, kv, Step{1, 2, 0}, s, DType::kBF16).to_float_vector()[1], sdpa);
   // float32 models: the flag changes nothing.
   s.eager_rounding = true;
   const auto a = attention(q, kv, Step{1, 2, 0}, s, DType::kF32).to_float_vector();
@@ -188,9 +194,9 @@ TEST(AttentionEagerRounding, RoundsScoresWhereEagerBf16Does) {
   EXPECT_EQ(attention(q, kv, Step{1, 2, 0}, s, DType::kF32).to_float_vector(), a);
 }
 
-// The bf16 eager path against float32 attention on random bf16 data with GQA, sinks and a sliding
+// Both bf16 paths against float32 attention on random bf16 data with GQA, sinks and a sliding
 // window, prefill then decode steps through the cache.
-TEST(AttentionEagerRounding, Bf16TracksFloat32) {
+TEST(AttentionRounding, Bf16TracksFloat32) {
   const uint64_t seed = 1234;
   std::mt19937 rng(seed);
   AttentionSpec spec;
@@ -200,7 +206,6 @@ TEST(AttentionEagerRounding, Bf16TracksFloat32) {
   spec.scale = 0.25f;
   spec.sliding_window = 5;
   spec.sinks = Tensor::from_floats({0.5f, -1.f, 2.f, 0.f}, {4});
-  spec.eager_rounding = true;
   LayerKV kv32, kv16;
   const int64_t B = 2;
   for (int64_t past = 0, tokens = 9; past < 13; past += tokens, tokens = 1) {
@@ -210,10 +215,14 @@ TEST(AttentionEagerRounding, Bf16TracksFloat32) {
     Tensor v = random_act(step.rows(), 2 * 19, rng, 2.0f, DType::kBF16);
     kv_append(kv32, k, v, step);
     kv_append(kv16, k, v, step);
-    Tensor ref = attention(q, kv32, step, spec, DType::kF32);
-    Tensor got = attention(q, kv16, step, spec, DType::kBF16);
-    for (float x : got.to_float_vector()) ASSERT_EQ(x, round_bf16(x));
-    EXPECT_LE(test::rel_l2_error(got, ref), 4.0 * std::ldexp(1.0, -8)) << "seed " << seed << " past " << past;
+    for (bool eager : {true, false}) {
+      spec.eager_rounding = eager;
+      Tensor ref = attention(q, kv32, step, spec, DType::kF32);
+      Tensor got = attention(q, kv16, step, spec, DType::kBF16);
+      for (float x : got.to_float_vector()) ASSERT_EQ(x, round_bf16(x));
+      EXPECT_LE(test::rel_l2_error(got, ref), 4.0 * std::ldexp(1.0, -8))
+          << "seed " << seed << " past " << past << " eager " << eager;
+    }
   }
 }
 

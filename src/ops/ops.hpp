@@ -150,17 +150,20 @@ struct AttentionSpec {
   float scale = 0.0f;      // softmax scale (usually 1/sqrt(head_dim_k))
   int64_t sliding_window = 0;  // > 0: the query at p sees keys at j with p - j < sliding_window
   Tensor sinks;                // [heads] float32 per-head sink logits (gpt-oss), or undefined
-  // transformers' eager attention in a bf16 model (gpt-oss, which has no sdpa): q.k, the scaled
-  // score, the score minus the row maximum (sink included) and the sink are rounded to act.
-  // Off: scores stay float32 (sdpa's math). The probabilities are rounded to act either way.
+  // Off: torch's CPU sdpa (flash) kernel, what transformers runs by default: scores and
+  // softmax in float32, the unnormalised e = exp(s - max) rounded to act for the product with v,
+  // the float32 sum of e dividing the result. On: transformers' eager attention (gpt-oss, which
+  // has no sdpa): q.k, the scaled score, the sink and the score minus the row maximum rounded to
+  // act, then the normalised probabilities e / sum rounded to act. (No-ops in float32 but for
+  // where the division happens.)
   bool eager_rounding = false;
 };
 
 // Causal attention of q [rows, heads * head_dim_k] over every position cached in `kv` up to
-// each query's own (kv_append first): scores = q.k * scale in float32 (see eager_rounding),
-// softmax over the visible keys with the sinks joining the denominator (then dropped; such rows
-// sum to < 1), denominator in double, p rounded to act, p.v accumulated in float32 and rounded to
-// act. -> [rows, heads * head_dim_v].
+// each query's own (kv_append first): scores = q.k * scale, softmax over the visible keys with
+// the sinks joining the denominator (then dropped; such rows sum to < 1), exp and denominator in
+// double, p.v accumulated in float32, output rounded to act; the other rounding points follow
+// AttentionSpec::eager_rounding. -> [rows, heads * head_dim_v].
 Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const AttentionSpec& spec,
                  DType act);
 

@@ -49,13 +49,17 @@ Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const Att
           denom += scores[size_t(j)];
         }
         std::fill(acc.begin(), acc.end(), 0.0f);
+        // eager: p = round(e / sum), out = round(sum p v). sdpa (torch's CPU flash kernel):
+        // p = round(e) unnormalised, out = round(sum p v / sum).
+        const float after = spec.eager_rounding ? 1.0f : float(denom);
         for (int64_t j = 0; j < n; ++j) {
-          const float w = round_act(float(scores[size_t(j)] / denom), act);
+          const float e = scores[size_t(j)];
+          const float w = round_act(spec.eager_rounding ? float(e / denom) : e, act);
           const float* vv = vals + (first + j) * vd;
           for (int64_t i = 0; i < spec.head_dim_v; ++i) acc[size_t(i)] += w * vv[i];
         }
         float* o = O + r * od + h * spec.head_dim_v;
-        for (int64_t i = 0; i < spec.head_dim_v; ++i) o[i] = round_act(acc[size_t(i)], act);
+        for (int64_t i = 0; i < spec.head_dim_v; ++i) o[i] = round_act(acc[size_t(i)] / after, act);
       }
     }
   }
