@@ -182,7 +182,7 @@ TEST(AttentionRounding, Bf16RoundsWhereEagerOrSdpaDoes) {
   // product with v, the division by the float32 sum last.
   s.eager_rounding = false;
   const float t0 = qv * kk[0] * 0.3f, t1 = qv * kk[1] * 0.3f, tm = std::max({t0, t1, 0.1234567f});
-  const float f0 = float(std::exp(double(t0 - tm))), f1 = float(std::exp(double(t1 - tm)));
+  const float f0 = std::exp(t0 - tm), f1 = std::exp(t1 - tm);
   const double fden = double(f0) + double(f1) + std::exp(double(0.1234567f - tm));
   const float sdpa = r((r(f0) * vv[0] + r(f1) * vv[1]) / float(fden));
   ASSERT_NE(sdpa, want);

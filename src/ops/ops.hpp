@@ -161,9 +161,9 @@ struct AttentionSpec {
 
 // Causal attention of q [rows, heads * head_dim_k] over every position cached in `kv` up to
 // each query's own (kv_append first): scores = q.k * scale, softmax over the visible keys with
-// the sinks joining the denominator (then dropped; such rows sum to < 1), exp and denominator in
-// double, p.v accumulated in float32, output rounded to act; the other rounding points follow
-// AttentionSpec::eager_rounding. -> [rows, heads * head_dim_v].
+// the sinks joining the denominator (then dropped; such rows sum to < 1), denominator in double,
+// p.v accumulated in float32, output rounded to act; exp (float32 for sdpa, double for eager) and
+// the other rounding points follow AttentionSpec::eager_rounding. -> [rows, heads * head_dim_v].
 Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const AttentionSpec& spec,
                  DType act);
 

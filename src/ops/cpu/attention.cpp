@@ -44,8 +44,11 @@ Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const Att
           mx = std::max(mx, scores[size_t(j)]);
         }
         double denom = has_sinks ? std::exp(double(round_act(sink - mx, sa))) : 0.0;
+        // sdpa takes exp in float32 (torch's vectorised exp); the eager path keeps the double exp
+        // it was matched to transformers with.
         for (int64_t j = 0; j < n; ++j) {
-          scores[size_t(j)] = float(std::exp(double(round_act(scores[size_t(j)] - mx, sa))));
+          const float d = round_act(scores[size_t(j)] - mx, sa);
+          scores[size_t(j)] = spec.eager_rounding ? float(std::exp(double(d))) : std::exp(d);
           denom += scores[size_t(j)];
         }
         std::fill(acc.begin(), acc.end(), 0.0f);

@@ -101,19 +101,25 @@ Routing sigmoid_group_topk(const Tensor& logits, const Tensor& correction, const
   std::vector<float> scores(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
   std::vector<float> group_score(static_cast<size_t>(G));
   std::vector<int64_t> groups(static_cast<size_t>(c.topk_group));
-  std::vector<float> top2(2);
-  std::vector<int64_t> top2_idx(2);
   for (int64_t t = 0; t < rows; ++t) {
     for (int64_t e = 0; e < E; ++e) {
       scores[size_t(e)] = sigmoid(lg[t * E + e]);
       choice[size_t(e)] = scores[size_t(e)] + bias[e];
     }
-    // Group score: topk(group, 2).sum() as transformers writes it (in torch's slot order, which
-    // decides the float sum's rounding); one expert per group: that expert's score.
+    // Group score: topk(group, 2).sum() as transformers writes it. Which of two equal values
+    // torch picks cannot change a sum of two, so the two largest are found directly.
     for (int64_t g = 0; g < G; ++g) {
-      const int64_t m = std::min<int64_t>(2, per_group);
-      torch_topk(choice.data() + g * per_group, per_group, m, /*sorted=*/true, top2_idx.data(), top2.data());
-      group_score[size_t(g)] = m == 2 ? top2[0] + top2[1] : top2[0];
+      float best = kNegInf, second = kNegInf;
+      for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) {
+        const float v = choice[size_t(e)];
+        if (v > best) {
+          second = best;
+          best = v;
+        } else if (v > second) {
+          second = v;
+        }
+      }
+      group_score[size_t(g)] = per_group >= 2 ? best + second : best;
     }
     torch_topk(group_score.data(), G, c.topk_group, /*sorted=*/false, groups.data(), nullptr);
     std::vector<bool> kept(size_t(G), false);
