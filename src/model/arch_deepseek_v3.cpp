@@ -159,12 +159,9 @@ class DeepseekV3LM final : public DecoderLM {
     // the generic attention serves MLA.
     Tensor k = ops::concat_columns(ops::slice_columns(kvb, heads_, 0, nope_), k_rot, heads_, /*b_shared=*/true);
     Tensor v = ops::slice_columns(kvb, heads_, nope_, v_dim_);
-    AttentionSpec spec;
-    spec.heads = heads_;
-    spec.kv_heads = heads_;
-    spec.head_dim_k = qk_dim_;
+    AttentionSpec spec = gqa_spec(heads_, heads_, qk_dim_);
     spec.head_dim_v = v_dim_;
-    spec.scale = scale_;
+    spec.scale = scale_;  // MLA's own (yarn mscale)
     return linear(attend(q, k, v, kv, step, spec, dt), a.o_proj, dt);
   }
 
