@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -90,11 +91,14 @@ struct AttnCase {
   int64_t prefill = 0;  // incremental run: prefill this many, then one token per step
 };
 
-std::string attn_case_name(const ::testing::TestParamInfo<AttnCase>& info) {
-  const AttnCase& c = info.param;
+std::string attn_case_str(const AttnCase& c) {
   return "T" + std::to_string(c.tokens) + "_window" + std::to_string(c.window) + (c.sinks ? "_sinks" : "") +
          "_prefill" + std::to_string(c.prefill);
 }
+std::string attn_case_name(const ::testing::TestParamInfo<AttnCase>& info) { return attn_case_str(info.param); }
+// gtest prints a parameter into the test listing (and so into ctest's names); without this it
+// dumps the struct's bytes, padding included, which are uninitialised.
+void PrintTo(const AttnCase& c, std::ostream* os) { *os << attn_case_str(c); }
 
 class Attention : public ::testing::TestWithParam<AttnCase> {};
 

@@ -18,6 +18,8 @@ namespace moex {
 
 namespace {
 
+constexpr int64_t kPreallocatedNewTokens = 8192;
+
 void validate_options(const GenerationOptions& o) {
   if (o.max_new_tokens < 0) throw InvalidInput("max_new_tokens must be >= 0, got " + std::to_string(o.max_new_tokens));
   if (!o.do_sample) return;
@@ -42,9 +44,11 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   std::mt19937_64 rng(options.seed);
   const ops::SamplingSpec sampling{options.temperature, options.top_k, options.top_p};
   std::vector<int64_t> stop_token(size_t(B), -1);  // the stop token a finished sequence emitted
-  // Every position this call feeds (the last new token is never fed back), allocated once: the
-  // cache keeps fixed shapes while decoding.
-  model::KVCache cache(B, info_.num_layers, T + std::max<int64_t>(0, options.max_new_tokens - 1));
+  // Every position this call feeds (the last new token is never fed back), allocated once, so
+  // that the cache keeps fixed shapes while decoding; a very large max_new_tokens reserves only
+  // kPreallocatedNewTokens up front (generation may stop early) and the cache doubles past it.
+  const int64_t planned = std::min(std::max<int64_t>(0, options.max_new_tokens - 1), kPreallocatedNewTokens);
+  model::KVCache cache(B, info_.num_layers, T + planned);
   using Clock = std::chrono::steady_clock;
   stats_ = GenerationStats{B, T, 0, 0.0, 0.0};
   // Pack / allocate once, outside the timed stages, for both stages' backends (a decode backend
