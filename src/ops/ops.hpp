@@ -64,7 +64,8 @@ struct KVCache {
   int64_t length() const;  // positions cached (layer 0)
 };
 
-// Appends k [rows, k_dim] and v [rows, v_dim] (row b * T + t -> sequence b, position past + t).
+// Appends k [rows, k_dim] and v [rows, v_dim] (row b * T + t -> sequence b, position past + t;
+// step.past == kv.length(): every sequence advances together).
 void kv_append(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step);
 
 // ---- element-wise ----
@@ -137,7 +138,8 @@ void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const 
 // ---- linear ----
 
 // y = x W^T + b: x [rows, in] float32, W [out, in] any float dtype, b [out] float32 or
-// undefined; float32 accumulation, rounded once to act. -> [rows, out].
+// undefined; float32 accumulation, rounded once to act. -> [rows, out]. Also the lm_head (no
+// bias; logits hold act values).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act);
 
 // ---- attention ----
