@@ -109,7 +109,7 @@ TEST(DeepseekV3Router, GroupLimitBiasForChoiceOnlyAndScaling) {
   for (double v : p) lg.push_back(logit_of(v));
   Tensor logits = Tensor::from_floats(lg, {1, 8});
   Tensor corr = Tensor::from_floats(bias, {8});
-  model::Routing r = model::deepseek_route(logits, corr, router_config());
+  ops::Routing r = ops::sigmoid_group_topk(logits, corr, router_config());
   // Choice scores: 0.60 (e2), 0.62 (e5 = 0.52 + 0.1): expert 0 is excluded by its group.
   // Slot order is torch's unsorted top-k order; compare the (id -> weight) pairs.
   const std::vector<int64_t> idx = r.top_k_index.to_int_vector();
@@ -132,7 +132,7 @@ TEST(DeepseekV3Router, WithoutNormalisationWeightsAreScaledScores) {
   const std::vector<double> p = {0.95, 0.01, 0.60, 0.50, 0.55, 0.52, 0.30, 0.30};
   std::vector<float> lg;
   for (double v : p) lg.push_back(logit_of(v));
-  model::Routing r = model::deepseek_route(Tensor::from_floats(lg, {1, 8}), Tensor::zeros({8}, DType::kF32), c);
+  ops::Routing r = ops::sigmoid_group_topk(Tensor::from_floats(lg, {1, 8}), Tensor::zeros({8}, DType::kF32), c);
   const std::vector<int64_t> idx = r.top_k_index.to_int_vector();
   const std::vector<float> w = r.top_k_weights.to_float_vector();
   std::map<int64_t, float> got = {{idx[0], w[0]}, {idx[1], w[1]}};

@@ -24,17 +24,6 @@
 namespace moex::model {
 namespace {
 
-// Copies columns [begin, begin + width) of every row of x [rows, cols] into a new tensor.
-Tensor take_columns(const Tensor& x, int64_t begin, int64_t width) {
-  const int64_t rows = x.size(0), cols = x.size(1);
-  Tensor out = new_act(rows, width);
-  const float* src = x.data<float>();
-  float* dst = out.data<float>();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < width; ++c) dst[r * width + c] = src[r * cols + begin + c];
-  return out;
-}
-
 struct MlaWeights {
   Linear q_proj;                 // used when q_lora_rank is null
   Linear q_a_proj, q_b_proj;     // the low-rank query path otherwise
@@ -97,11 +86,7 @@ class DeepseekV3LM final : public DecoderLM {
     scale_ = mla_softmax_scale(c.json, qk_dim_, c.where);
     eps_ = float(c.rms_norm_eps);
 
-    ExpertsSpec spec;
-    spec.num_experts = E;
-    spec.hidden = H;
-    spec.intermediate = moe_inter;
-    spec.act = activation;
+    const ExpertsSpec spec = gated_experts_spec(E, H, moe_inter, activation);
 
     layers_.resize(size_t(c.num_layers));
     for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -141,74 +126,51 @@ class DeepseekV3LM final : public DecoderLM {
       experts_.push_back(load_experts(ckpt, p + "mlp.experts", spec, dt, {}, info_.device));
       info_.moe_layers.push_back(l);
     }
-    for (const Experts& e : experts_) register_experts_module("", &e);
-    info_.num_experts = E;
-    info_.experts_per_token = router_.top_k;
-    init_experts_implementation(o.experts_implementation);
+    finish_experts(experts_, "", E, router_.top_k, o.experts_implementation);
   }
 
  protected:
   void layer_forward(int64_t layer, Tensor& h, const Step& step, LayerKV& kv) override {
     const DeepseekLayer& L = layers_[size_t(layer)];
     const DType dt = act();
-    Tensor x = rms_norm(h, L.input_norm, eps_, dt);
-    add_inplace(h, attention_block(L.attn, x, step, kv), dt);
-    x = rms_norm(h, L.post_norm, eps_, dt);
-    add_inplace(h, L.moe ? moe_block(L, x) : gated_mlp(x, L.dense, dt), dt);
+    Tensor x = ops::rms_norm(h, L.input_norm, eps_, dt);
+    ops::add_(h, attention_block(L.attn, x, step, kv), dt);
+    x = ops::rms_norm(h, L.post_norm, eps_, dt);
+    ops::add_(h, L.moe ? moe_block(L, x) : gated_mlp(x, L.dense, dt), dt);
   }
 
  private:
   Tensor attention_block(const MlaWeights& a, const Tensor& x, const Step& step, LayerKV& kv) {
     const DType dt = act();
-    const int64_t rows = x.size(0);
     // The q_a / kv_a norms are built without eps in transformers, so they use the 1e-6 default.
     constexpr float kLatentEps = 1e-6f;
-    Tensor q = q_lora_ > 0 ? linear(rms_norm(linear(x, a.q_a_proj, dt), a.q_a_norm, kLatentEps, dt),
+    Tensor q = q_lora_ > 0 ? linear(ops::rms_norm(linear(x, a.q_a_proj, dt), a.q_a_norm, kLatentEps, dt),
                                     a.q_b_proj, dt)
                            : linear(x, a.q_proj, dt);
-    apply_rope(q, heads_, qk_dim_, nope_, rope_, layout_, step, dt);
+    ops::rope_(q, heads_, qk_dim_, nope_, rope_, layout_, step, dt);
 
     Tensor ckv = linear(x, a.kv_a_proj, dt);  // [rows, kv_lora + rope]
-    Tensor latent = rms_norm(take_columns(ckv, 0, kv_lora_), a.kv_a_norm, kLatentEps, dt);
-    Tensor k_rot = take_columns(ckv, kv_lora_, rope_dim_);
-    apply_rope(k_rot, 1, rope_dim_, 0, rope_, layout_, step, dt);
+    Tensor latent = ops::rms_norm(ops::slice_columns(ckv, 1, 0, kv_lora_), a.kv_a_norm, kLatentEps, dt);
+    Tensor k_rot = ops::slice_columns(ckv, 1, kv_lora_, rope_dim_);
+    ops::rope_(k_rot, 1, rope_dim_, 0, rope_, layout_, step, dt);
     Tensor kvb = linear(latent, a.kv_b_proj, dt);  // [rows, heads * (nope + v)]
 
-    // Per-head keys [k_nope(h); k_rot] and values, so that the generic attention serves MLA.
-    Tensor k = new_act(rows, heads_ * qk_dim_);
-    Tensor v = new_act(rows, heads_ * v_dim_);
-    const float* kb = kvb.data<float>();
-    const float* kr = k_rot.data<float>();
-    float* kp = k.data<float>();
-    float* vp = v.data<float>();
-    const int64_t stride = nope_ + v_dim_;
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t hd = 0; hd < heads_; ++hd) {
-        const float* src = kb + (r * heads_ + hd) * stride;
-        float* kd = kp + (r * heads_ + hd) * qk_dim_;
-        for (int64_t i = 0; i < nope_; ++i) kd[i] = src[i];
-        for (int64_t i = 0; i < rope_dim_; ++i) kd[nope_ + i] = kr[r * rope_dim_ + i];
-        float* vd = vp + (r * heads_ + hd) * v_dim_;
-        for (int64_t i = 0; i < v_dim_; ++i) vd[i] = src[nope_ + i];
-      }
-    }
-    AttentionSpec spec;
-    spec.heads = heads_;
-    spec.kv_heads = heads_;
-    spec.head_dim_k = qk_dim_;
+    // Per-head keys [k_nope(h); k_rot] (one rope key shared by every head) and values, so that
+    // the generic attention serves MLA.
+    Tensor k = ops::concat_columns(ops::slice_columns(kvb, heads_, 0, nope_), k_rot, heads_, /*b_shared=*/true);
+    Tensor v = ops::slice_columns(kvb, heads_, nope_, v_dim_);
+    AttentionSpec spec = gqa_spec(heads_, heads_, qk_dim_);
     spec.head_dim_v = v_dim_;
-    spec.scale = scale_;
-    Tensor out = attention(q, k, v, kv, step, spec, dt);
-    return linear(out, a.o_proj, dt);
+    spec.scale = scale_;  // MLA's own (yarn mscale)
+    return linear(attend(q, k, v, kv, step, spec, dt), a.o_proj, dt);
   }
 
   Tensor moe_block(const DeepseekLayer& L, const Tensor& x) {
     const DType dt = act();
     // x holds act-rounded values; the router reads them as float32, as transformers does.
-    Tensor logits = linear(x, L.router, DType::kF32);
-    Routing routing = deepseek_route(logits, L.correction, router_);
+    Routing routing = ops::sigmoid_group_topk(linear(x, L.router, DType::kF32), L.correction, router_);
     Tensor out = run_experts(experts_[size_t(L.experts_index)], experts_backend(), x, routing, dt);
-    if (L.has_shared) add_inplace(out, gated_mlp(x, L.shared, dt), dt);
+    if (L.has_shared) ops::add_(out, gated_mlp(x, L.shared, dt), dt);
     return out;
   }
 

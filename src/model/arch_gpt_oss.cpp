@@ -8,7 +8,6 @@
 // stored fused, transposed and gate/up-interleaved, with biases and the clamped SwiGLU
 // (kSwigluOai: limit 7, alpha 1.702). The block routes, then calls the registered experts backend.
 // Exact formulas and tensor names: docs/arch_deepseek_v3_gpt_oss.md.
-#include <cmath>
 #include <string>
 #include <vector>
 
@@ -52,24 +51,9 @@ class GptOssLM final : public DecoderLM {
     const float limit = float(c.get_double("swiglu_limit", 7.0));
     constexpr float kAlpha = 1.702f;
     rope_ = make_rope(gpt_oss_rope_config(c.json), head_dim_);
-    scale_ = float(1.0 / std::sqrt(double(head_dim_)));
     eps_ = float(c.rms_norm_eps);
 
-    std::vector<std::string> types;
-    if (c.has("layer_types")) {
-      const auto& lt = c.json["layer_types"];
-      if (!lt.is_array() || int64_t(lt.size()) != c.num_layers)
-        throw InvalidInput(c.where + ": layer_types must be a list of num_hidden_layers strings");
-      for (const auto& t : lt) {
-        if (!t.is_string() || (t != "sliding_attention" && t != "full_attention"))
-          throw InvalidInput(c.where + ": layer_types entries must be \"sliding_attention\" or "
-                             "\"full_attention\", got " + t.dump());
-        types.push_back(t.get<std::string>());
-      }
-    } else {
-      for (int64_t l = 0; l < c.num_layers; ++l)
-        types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
-    }
+    const std::vector<bool> sliding = sliding_layers([](int64_t l) { return l % 2 == 0; });
 
     layers_.resize(size_t(c.num_layers));
     for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -84,39 +68,31 @@ class GptOssLM final : public DecoderLM {
       L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, DType::kF32);
       L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, DType::kF32);
       L.router = load_linear(ckpt, p + "mlp.router", E, H, dt, /*bias=*/true);
-      L.sliding_window = types[size_t(l)] == "sliding_attention" ? window : 0;
+      L.sliding_window = sliding[size_t(l)] ? window : 0;
       experts_.push_back(experts_to(load_gpt_oss_experts(ckpt, p + "mlp.experts", E, H, I, dt, limit, kAlpha), info_.device));
       info_.moe_layers.push_back(l);
     }
-    for (const Experts& e : experts_) register_experts_module("", &e);
-    info_.num_experts = E;
-    info_.experts_per_token = top_k_;
-    init_experts_implementation(o.experts_implementation);
+    finish_experts(experts_, "", E, top_k_, o.experts_implementation);
   }
 
  protected:
   void layer_forward(int64_t layer, Tensor& h, const Step& step, LayerKV& kv) override {
     const GptOssLayer& L = layers_[size_t(layer)];
     const DType dt = act();
-    Tensor x = gpt_oss_rms_norm(h, L.input_norm, eps_, dt);
+    Tensor x = ops::rms_norm(h, L.input_norm, eps_, dt, 0, ops::RmsNormStyle::kGptOss);
     Tensor q = linear(x, L.q_proj, dt);
     Tensor k = linear(x, L.k_proj, dt);
     Tensor v = linear(x, L.v_proj, dt);
-    apply_rope(q, heads_, head_dim_, 0, rope_, RopeLayout::kHalf, step, dt);
-    apply_rope(k, kv_heads_, head_dim_, 0, rope_, RopeLayout::kHalf, step, dt);
-    AttentionSpec spec;
-    spec.heads = heads_;
-    spec.kv_heads = kv_heads_;
-    spec.head_dim_k = head_dim_;
-    spec.head_dim_v = head_dim_;
-    spec.scale = scale_;
-    spec.sliding_window = L.sliding_window;
-    spec.sinks = &L.sinks;
-    add_inplace(h, linear(gpt_oss_attention(q, k, v, kv, step, spec, dt), L.o_proj, dt), dt);
+    ops::rope_(q, heads_, head_dim_, 0, rope_, RopeLayout::kHalf, step, dt);
+    ops::rope_(k, kv_heads_, head_dim_, 0, rope_, RopeLayout::kHalf, step, dt);
+    AttentionSpec spec = gqa_spec(heads_, kv_heads_, head_dim_, L.sliding_window);
+    spec.sinks = L.sinks;
+    spec.eager_rounding = true;  // gpt-oss runs transformers' eager attention (no sdpa)
+    ops::add_(h, linear(attend(q, k, v, kv, step, spec, dt), L.o_proj, dt), dt);
 
-    x = gpt_oss_rms_norm(h, L.post_norm, eps_, dt);
-    Routing routing = gpt_oss_route(linear(x, L.router, dt), top_k_, dt);
-    add_inplace(h, run_experts(experts_[size_t(layer)], experts_backend(), x, routing, dt), dt);
+    x = ops::rms_norm(h, L.post_norm, eps_, dt, 0, ops::RmsNormStyle::kGptOss);
+    Routing routing = ops::topk_softmax(linear(x, L.router, dt), top_k_, dt);
+    ops::add_(h, run_experts(experts_[size_t(layer)], experts_backend(), x, routing, dt), dt);
   }
 
  private:
@@ -124,7 +100,7 @@ class GptOssLM final : public DecoderLM {
   std::vector<Experts> experts_;
   Rope rope_;
   int64_t heads_ = 0, kv_heads_ = 0, head_dim_ = 0, top_k_ = 1;
-  float scale_ = 1.0f, eps_ = 1e-5f;
+  float eps_ = 1e-5f;
 };
 
 }  // namespace

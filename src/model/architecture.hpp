@@ -5,7 +5,8 @@
 // DecoderLM below, which owns what every such model shares: the config fields, token embedding,
 // final norm, lm_head (tied or not), the layer loop, the KV cache plumbing, logits/generate and
 // the experts-implementation map. The architecture implements only `layer_forward` (one decoder
-// layer, residuals included) using the ops in ops.hpp, and builds its layers in its constructor:
+// layer, residuals included) by calling the ops tier (src/ops/ops.hpp) and the blocks of
+// layers.hpp, and builds its layers in its constructor:
 //
 //   class MyLM final : public DecoderLM {
 //    public:
@@ -13,9 +14,7 @@
 //       for (int64_t l = 0; l < cfg().num_layers; ++l) { ... load with load_linear etc. ...
 //         experts_.push_back(load_experts(ckpt, prefix() + "layers.N.mlp.experts", spec, act()));
 //         info_.moe_layers.push_back(l); }
-//       for (auto& e : experts_) register_experts_module("", &e);  // after the vector is final
-//       info_.num_experts = E; info_.experts_per_token = k;
-//       init_experts_implementation(o.experts_implementation);  // last
+//       finish_experts(experts_, "", E, k, o.experts_implementation);  // last
 //     }
 //    protected:
 //     void layer_forward(int64_t l, Tensor& h, const Step& s, LayerKV& kv) override {
@@ -33,7 +32,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/ops.hpp"
+#include "model/layers.hpp"
 #include "moex/checkpoint.hpp"
 #include "moex/model.hpp"
 
@@ -76,8 +75,25 @@ class DecoderLM : public CausalLM {
             std::string weights_prefix = "model.");
 
   // One decoder layer on h [step.rows(), hidden] (float32 holding act values), in place,
-  // residual connections included. `kv` is this layer's cache (append via attention()).
+  // residual connections included. `kv` is this layer's cache (attend() appends to it).
   virtual void layer_forward(int64_t layer, Tensor& h, const Step& step, LayerKV& kv) = 0;
+
+  // The last step of an MoE architecture's constructor, once `modules` (a container of Experts
+  // whose addresses stay valid) is final: registers each under `key` (the sub-config governing
+  // it, "" for the model), records E and k in info_, and applies the requested map.
+  template <class Modules>
+  void finish_experts(const Modules& modules, const std::string& key, int64_t num_experts,
+                      int64_t top_k, const ExpertsImplementation& requested) {
+    for (const Experts& e : modules) register_experts_module(key, &e);
+    info_.num_experts = num_experts;
+    info_.experts_per_token = top_k;
+    init_experts_implementation(requested);
+  }
+
+  // Per layer: whether it is a sliding-window layer by config "layer_types" ("sliding_attention"
+  // / "full_attention", one per layer; InvalidInput otherwise), or by `fallback` (layer index ->
+  // sliding) when the key is absent.
+  std::vector<bool> sliding_layers(bool (*fallback)(int64_t layer)) const;
 
   const DecoderConfig& cfg() const { return cfg_; }
   DType act() const { return info_.dtype; }

@@ -140,7 +140,7 @@ void CausalLM::validate_ids(const Tensor& input_ids) const {
 Tensor CausalLM::logits(const Tensor& input_ids) {
   validate_ids(input_ids);
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
-  model::KVCache cache(B, info_.num_layers);
+  model::KVCache cache(B, info_.num_layers, T);
   model::Step step{B, T, 0};
   Tensor out = forward(input_ids.to_int_vector(), step, cache, false);
   return out.view({B, T, out.size(1)});

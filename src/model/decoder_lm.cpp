@@ -125,21 +125,32 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
   if (!read_eos(ckpt.generation_config(), eos_) && !read_eos(top, eos_)) read_eos(text_config, eos_);
 }
 
+std::vector<bool> DecoderLM::sliding_layers(bool (*fallback)(int64_t layer)) const {
+  std::vector<bool> sliding;
+  if (!cfg_.has("layer_types")) {
+    for (int64_t l = 0; l < cfg_.num_layers; ++l) sliding.push_back(fallback(l));
+    return sliding;
+  }
+  const auto& lt = cfg_.json["layer_types"];
+  if (!lt.is_array() || int64_t(lt.size()) != cfg_.num_layers)
+    throw InvalidInput(cfg_.where + ": layer_types must be a list of num_hidden_layers strings");
+  for (const auto& t : lt) {
+    if (!t.is_string() || (t != "sliding_attention" && t != "full_attention"))
+      throw InvalidInput(cfg_.where + ": layer_types entries must be \"sliding_attention\" or "
+                         "\"full_attention\", got " + t.dump());
+    sliding.push_back(t == "sliding_attention");
+  }
+  return sliding;
+}
+
 Tensor DecoderLM::forward(const std::vector<int64_t>& tokens, const Step& step, KVCache& cache,
                           bool last_only) {
-  Tensor h = embedding(embed_, tokens);
-  round_to(h, act());
+  Tensor h = ops::embedding(embed_, tokens, act());
   for (int64_t l = 0; l < cfg_.num_layers; ++l) layer_forward(l, h, step, cache.layers[size_t(l)]);
-  if (last_only && step.tokens > 1) {
-    // Only the last position of each sequence feeds the head (what generation needs).
-    Tensor last = new_act(step.batch, cfg_.hidden_size);
-    for (int64_t b = 0; b < step.batch; ++b)
-      std::copy_n(h.data<float>() + ((b + 1) * step.tokens - 1) * cfg_.hidden_size, cfg_.hidden_size,
-                  last.data<float>() + b * cfg_.hidden_size);
-    h = last;
-  }
-  rms_norm_inplace(h, final_norm_, float(cfg_.rms_norm_eps), act());
-  return lm_head(h, lm_head_, act());
+  // Only the last position of each sequence feeds the head (what generation needs).
+  if (last_only && step.tokens > 1) h = ops::last_rows(h, step);
+  ops::rms_norm_(h, final_norm_, float(cfg_.rms_norm_eps), act());
+  return ops::linear(h, lm_head_, Tensor(), act());  // lm_head: no bias
 }
 
 }  // namespace moex::model

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <numeric>
 #include <optional>
 #include <random>
 
@@ -19,53 +18,7 @@ namespace moex {
 
 namespace {
 
-int64_t argmax(const float* l, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (l[i] > l[best]) best = i;
-  return best;
-}
-
-int64_t sample(const float* logits, int64_t n, const GenerationOptions& o, std::mt19937_64& rng) {
-  std::vector<double> l(logits, logits + n);
-  for (auto& v : l) v /= double(o.temperature);
-  if (o.top_k > 0 && o.top_k < n) {
-    std::vector<double> sorted = l;
-    std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<>());
-    const double kth = sorted[size_t(o.top_k - 1)];
-    for (auto& v : l)
-      if (v < kth) v = -INFINITY;
-  }
-  const double mx = *std::max_element(l.begin(), l.end());
-  std::vector<double> p(static_cast<size_t>(n));
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += (p[size_t(i)] = std::exp(l[size_t(i)] - mx));
-  for (auto& v : p) v /= sum;
-  if (o.top_p < 1.0f) {
-    // Drop the least likely tokens whose cumulative mass (ascending) is <= 1 - top_p, keeping
-    // at least the most likely one, as transformers' TopPLogitsWarper does.
-    std::vector<int64_t> order(static_cast<size_t>(n));
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[size_t(a)] < p[size_t(b)]; });
-    double cum = 0;
-    for (int64_t j = 0; j + 1 < n; ++j) {
-      cum += p[size_t(order[size_t(j)])];
-      if (cum <= 1.0 - double(o.top_p)) p[size_t(order[size_t(j)])] = 0;
-    }
-    sum = std::accumulate(p.begin(), p.end(), 0.0);
-    for (auto& v : p) v /= sum;
-  }
-  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
-  double cum = 0;
-  int64_t last_nonzero = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (p[size_t(i)] <= 0) continue;
-    last_nonzero = i;
-    cum += p[size_t(i)];
-    if (u < cum) return i;
-  }
-  return last_nonzero;  // rounding left u just above the total
-}
+constexpr int64_t kPreallocatedNewTokens = 8192;
 
 void validate_options(const GenerationOptions& o) {
   if (o.max_new_tokens < 0) throw InvalidInput("max_new_tokens must be >= 0, got " + std::to_string(o.max_new_tokens));
@@ -82,15 +35,20 @@ void validate_options(const GenerationOptions& o) {
 Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& options) {
   validate_ids(input_ids);
   validate_options(options);
-  const int64_t B = input_ids.size(0), T = input_ids.size(1), V = info_.vocab_size;
+  const int64_t B = input_ids.size(0), T = input_ids.size(1);
   const std::vector<int64_t> eos = options.eos_token_ids.value_or(eos_);
   std::vector<std::vector<int64_t>> seqs(static_cast<size_t>(B));
   const auto prompt = input_ids.to_int_vector();
   for (int64_t b = 0; b < B; ++b) seqs[size_t(b)].assign(prompt.begin() + b * T, prompt.begin() + (b + 1) * T);
 
   std::mt19937_64 rng(options.seed);
+  const ops::SamplingSpec sampling{options.temperature, options.top_k, options.top_p};
   std::vector<int64_t> stop_token(size_t(B), -1);  // the stop token a finished sequence emitted
-  model::KVCache cache(B, info_.num_layers);
+  // Every position this call feeds (the last new token is never fed back), allocated once, so
+  // that the cache keeps fixed shapes while decoding; a very large max_new_tokens reserves only
+  // kPreallocatedNewTokens up front (generation may stop early) and the cache doubles past it.
+  const int64_t planned = std::min(std::max<int64_t>(0, options.max_new_tokens - 1), kPreallocatedNewTokens);
+  model::KVCache cache(B, info_.num_layers, T + planned);
   using Clock = std::chrono::steady_clock;
   stats_ = GenerationStats{B, T, 0, 0.0, 0.0};
   // Pack / allocate once, outside the timed stages, for both stages' backends (a decode backend
@@ -121,8 +79,7 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
         next[size_t(b)] = stop_token[size_t(b)];
         continue;
       }
-      const float* row = logits.data<float>() + b * V;
-      const int64_t tok = options.do_sample ? sample(row, V, options, rng) : argmax(row, V);
+      const int64_t tok = options.do_sample ? ops::sample_row(logits, b, sampling, rng) : ops::argmax_row(logits, b);
       next[size_t(b)] = tok;
       if (std::find(eos.begin(), eos.end(), tok) != eos.end()) stop_token[size_t(b)] = tok;
       else all_done = false;

@@ -3,7 +3,6 @@
 #include "model/sparse_moe_lm.hpp"
 
 #include <algorithm>
-#include <cmath>
 
 #include "moex/error.hpp"
 
@@ -31,10 +30,7 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
   const Activation act_fn = parse_activation(c.get_string("hidden_act", "silu"));
 
   rope_ = make_rope(c.json, hd);
-  attn_.heads = c.num_heads;
-  attn_.kv_heads = c.num_kv_heads;
-  attn_.head_dim_k = attn_.head_dim_v = hd;
-  attn_.scale = float(1.0 / std::sqrt(double(hd)));
+  attn_ = gqa_spec(c.num_heads, c.num_kv_heads, hd);
 
   const bool qkv_bias = c.get_bool(flags_.qkv_bias_key, flags_.qkv_bias_default);
   const bool o_bias = flags_.o_bias_follows && qkv_bias;
@@ -43,12 +39,10 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
   if (flags_.sparse_step && c.has("mlp_only_layers"))
     mlp_only = c.json["mlp_only_layers"].get<std::vector<int64_t>>();
   const int64_t window = c.get_int("sliding_window", 0);
-
-  ExpertsSpec spec;
-  spec.num_experts = num_experts_;
-  spec.hidden = H;
-  spec.intermediate = moe_I;
-  spec.act = act_fn;
+  const std::vector<bool> sliding = flags_.window == SparseMoeFlags::Window::kLayerTypes
+                                        ? sliding_layers([](int64_t) { return false; })
+                                        : std::vector<bool>(size_t(c.num_layers), false);
+  const ExpertsSpec spec = gated_experts_spec(num_experts_, H, moe_I, act_fn);
 
   layers_.resize(size_t(c.num_layers));
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -67,12 +61,8 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
       L.q_norm = load_vector(ckpt, p + "self_attn.q_norm.weight", c.num_heads * hd, dt);
       L.k_norm = load_vector(ckpt, p + "self_attn.k_norm.weight", c.num_kv_heads * hd, dt);
     }
-    if (flags_.window == SparseMoeFlags::Window::kAllLayers) {
+    if (flags_.window == SparseMoeFlags::Window::kAllLayers || sliding[size_t(l)])
       L.sliding_window = window;
-    } else if (flags_.window == SparseMoeFlags::Window::kLayerTypes && c.has("layer_types")) {
-      const auto& types = c.json["layer_types"];
-      if (size_t(l) < types.size() && types[size_t(l)] == "sliding_attention") L.sliding_window = window;
-    }
 
     L.moe = std::find(mlp_only.begin(), mlp_only.end(), l) == mlp_only.end() &&
             (l + 1) % sparse_step == 0;
@@ -91,32 +81,16 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
       L.dense = load_gated_mlp(ckpt, m, H, c.get_int("intermediate_size"), dt, act_fn);
     }
   }
-  for (const auto& e : experts_) register_experts_module(flags_.experts_key, &e);
-  info_.num_experts = num_experts_;
-  info_.experts_per_token = top_k_;
-  init_experts_implementation(options.experts_implementation);
+  finish_experts(experts_, flags_.experts_key, num_experts_, top_k_, options.experts_implementation);
 }
 
 Tensor SparseMoeLM::moe_forward(const Layer& L, const Tensor& x) const {
   const DType a = act();
-  Tensor router_logits = linear(x, L.router, a);
-  Routing r = softmax_topk(router_logits, top_k_, norm_topk_prob_,
-                           flags_.round_routing_weights ? a : DType::kF32);
+  Routing r = ops::softmax_topk(linear(x, L.router, a), top_k_, norm_topk_prob_,
+                                flags_.round_routing_weights ? a : DType::kF32);
   Tensor y = run_experts(*L.experts, experts_backend(flags_.experts_key), x, r, a);
-  if (flags_.shared_expert) {
-    // y += sigmoid(shared_expert_gate(x)) * shared_expert(x), each step rounded like torch.
-    Tensor s = gated_mlp(x, L.shared, a);
-    Tensor g = linear(x, L.shared_gate, a);
-    const int64_t H = x.size(1);
-    float* py = y.data<float>();
-    const float* ps = s.data<float>();
-    const float* pg = g.data<float>();
-    for (int64_t t = 0; t < x.size(0); ++t) {
-      const float gate = round_act(sigmoid(pg[t]), a);
-      for (int64_t i = 0; i < H; ++i)
-        py[t * H + i] = round_act(py[t * H + i] + round_act(gate * ps[t * H + i], a), a);
-    }
-  }
+  if (flags_.shared_expert)
+    ops::add_gated_(y, gated_mlp(x, L.shared, a), linear(x, L.shared_gate, a), a);
   return y;
 }
 
@@ -126,30 +100,24 @@ void SparseMoeLM::layer_forward(int64_t layer, Tensor& h, const Step& step, Laye
   const float eps = float(cfg().rms_norm_eps);
   const int64_t hd = cfg().head_dim;
 
-  Tensor x = rms_norm(h, L.input_norm, eps, a);
+  Tensor x = ops::rms_norm(h, L.input_norm, eps, a);
   Tensor q = linear(x, L.q, a), k = linear(x, L.k, a), v = linear(x, L.v, a);
   if (clip_qkv_ > 0)
-    for (Tensor* t : {&q, &k, &v}) {
-      float* p = t->data<float>();
-      for (int64_t i = 0; i < t->numel(); ++i) p[i] = std::clamp(p[i], -clip_qkv_, clip_qkv_);
-    }
-  if (flags_.qk_norm == SparseMoeFlags::QkNorm::kPerHead) {
-    rms_norm_inplace(q, L.q_norm, eps, a, hd);
-    rms_norm_inplace(k, L.k_norm, eps, a, hd);
-  } else if (flags_.qk_norm == SparseMoeFlags::QkNorm::kFullProjection) {
-    rms_norm_inplace(q, L.q_norm, eps, a);
-    rms_norm_inplace(k, L.k_norm, eps, a);
+    for (Tensor* t : {&q, &k, &v}) ops::clamp_(*t, clip_qkv_);
+  if (flags_.qk_norm != SparseMoeFlags::QkNorm::kNone) {
+    // Per head, or over the whole projection (OLMoE).
+    const int64_t group = flags_.qk_norm == SparseMoeFlags::QkNorm::kPerHead ? hd : 0;
+    ops::rms_norm_(q, L.q_norm, eps, a, group);
+    ops::rms_norm_(k, L.k_norm, eps, a, group);
   }
-  apply_rope(q, cfg().num_heads, hd, 0, rope_, RopeLayout::kHalf, step, a);
-  apply_rope(k, cfg().num_kv_heads, hd, 0, rope_, RopeLayout::kHalf, step, a);
+  ops::rope_(q, cfg().num_heads, hd, 0, rope_, RopeLayout::kHalf, step, a);
+  ops::rope_(k, cfg().num_kv_heads, hd, 0, rope_, RopeLayout::kHalf, step, a);
   AttentionSpec spec = attn_;
   spec.sliding_window = L.sliding_window;
-  Tensor o = linear(attention(q, k, v, kv, step, spec, a), L.o, a);
-  add_inplace(h, o, a);
+  ops::add_(h, linear(attend(q, k, v, kv, step, spec, a), L.o, a), a);
 
-  x = rms_norm(h, L.post_norm, eps, a);
-  Tensor y = L.moe ? moe_forward(L, x) : gated_mlp(x, L.dense, a);
-  add_inplace(h, y, a);
+  x = ops::rms_norm(h, L.post_norm, eps, a);
+  ops::add_(h, L.moe ? moe_forward(L, x) : gated_mlp(x, L.dense, a), a);
 }
 
 }  // namespace moex::model

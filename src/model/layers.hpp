@@ -1,0 +1,109 @@
+// The building blocks architectures share: weights loaded from a checkpoint (linears, norm
+// vectors, gated MLPs, experts), the rope read from a config, and the few composed layers built
+// from them. Every computation is a call into the ops tier (src/ops/ops.hpp); nothing here
+// touches activation elements.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "moex/checkpoint.hpp"
+#include "moex/experts.hpp"
+#include "moex/tensor.hpp"
+#include "ops/ops.hpp"
+
+namespace moex::model {
+
+using ops::AttentionSpec;
+using ops::LayerKV;
+using ops::Rope;
+using ops::RopeLayout;
+using ops::Routing;
+
+// include/moex/model.hpp forward-declares model::Step and model::KVCache (CausalLM::forward takes
+// them), so they are types of their own; they are the ops' step and cache.
+struct Step : ops::Step {
+  Step(int64_t batch, int64_t tokens, int64_t past) : ops::Step{batch, tokens, past} {}
+};
+struct KVCache : ops::KVCache {
+  using ops::KVCache::KVCache;
+};
+
+// ---- linear layers ----
+
+struct Linear {
+  Tensor weight;  // [out, in], any float dtype
+  Tensor bias;    // [out] float32 holding `dtype` values, or undefined
+  int64_t out_features() const { return weight.size(0); }
+  int64_t in_features() const { return weight.size(1); }
+};
+// Loads `<name>.weight` [out, in] (+ `<name>.bias` [out] when `bias`) converted to `dtype`.
+Linear load_linear(const Checkpoint& ckpt, const std::string& name, int64_t out, int64_t in,
+                   DType dtype, bool bias = false);
+// ops::linear with the layer's weight and bias.
+inline Tensor linear(const Tensor& x, const Linear& l, DType act) {
+  return ops::linear(x, l.weight, l.bias, act);
+}
+
+// Loads a norm weight [dim].
+Tensor load_vector(const Checkpoint& ckpt, const std::string& name, int64_t dim, DType dtype);
+
+// ---- rotary position embedding ----
+
+// inv_freq and attention scaling from a config's rope parameters ("rope_parameters" in
+// transformers 5, or the older "rope_theta" + "rope_scaling"). Types: default, linear, yarn
+// (with truncate, mscale / mscale_all_dim); others throw Unsupported. `rotary_dim` = dimensions
+// rotated per head (head_dim, or DeepSeek's qk_rope_head_dim); inv_freq is computed in float32
+// as torch does.
+Rope make_rope(const nlohmann::json& config, int64_t rotary_dim);
+
+// ---- attention ----
+
+// Grouped-query attention over `head_dim`-wide heads with the usual 1/sqrt(head_dim) scale.
+AttentionSpec gqa_spec(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t sliding_window = 0);
+// Appends k, v to this layer's cache and attends q over it (ops::kv_append + ops::attention).
+Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, LayerKV& kv, const Step& step,
+              const AttentionSpec& spec, DType act);
+
+// ---- MLP and MoE ----
+
+// Dense gated MLP: down(act(gate(x)) * up(x)), the intermediate rounded to act.
+struct GatedMlp {
+  Linear gate, up, down;
+  Activation activation = Activation::kSilu;
+};
+// Loads `<prefix>.gate_proj`, `.up_proj`, `.down_proj` (no biases).
+GatedMlp load_gated_mlp(const Checkpoint& ckpt, const std::string& prefix, int64_t hidden,
+                        int64_t intermediate, DType dtype, Activation activation);
+Tensor gated_mlp(const Tensor& x, const GatedMlp& mlp, DType act);
+
+// The spec of experts stored as the hub's plain (non-transposed, no bias) gated MLPs.
+ExpertsSpec gated_experts_spec(int64_t num_experts, int64_t hidden, int64_t intermediate, Activation act);
+
+// Tensor names of one expert's projections under `<prefix>.<e>.`.
+struct ExpertNames {
+  std::string gate = "gate_proj", up = "up_proj", down = "down_proj";  // mixtral: w1, w3, w2
+  std::string suffix = ".weight";
+};
+// Builds the experts module of one MoE layer at `prefix` (e.g. "model.layers.3.mlp.experts"):
+// either per-expert tensors `<prefix>.<e>.<gate|up|down><suffix>` fused into gate_up [E, 2I, H]
+// = [gate; up] and down [E, H, I] (hub layout), or already-fused `<prefix>.gate_up_proj`
+// [E, 2I, H] + `<prefix>.down_proj` [E, H, I] when those exist. spec.num_experts / hidden /
+// intermediate / act must be set; weights are converted to `dtype`. Layouts with biases,
+// transposition or interleaving (gpt-oss) are built by the architecture itself.
+// `device`: where the experts weights live (CUDA: the experts run there, see run_experts).
+Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const ExpertsSpec& spec,
+                     DType dtype, const ExpertNames& names = {}, Device device = Device::cpu());
+// The same experts with their weights copied to `device` (unchanged when already there or when
+// `device` is host-accessible: the fake GPU of the tests computes on host tensors).
+Experts experts_to(const Experts& experts, Device device);
+// Calls the experts through `backend`: x float32 [rows, H] is handed over in `act` (bf16 models
+// pass bf16 activations), the result comes back as float32 [rows, H] (values in act). When the
+// experts weights live on a CUDA device, hidden and routing are copied there and the result back
+// (the rest of the model runs on the host).
+Tensor run_experts(const Experts& experts, const std::string& backend, const Tensor& x,
+                   const Routing& routing, DType act);
+
+}  // namespace moex::model

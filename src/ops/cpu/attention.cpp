@@ -1,0 +1,72 @@
+// Causal attention over the KV cache, one implementation for sdpa-style float32 scores and
+// transformers' bf16 eager attention (AttentionSpec::eager_rounding; see ops.hpp).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "ops/cpu/cpu_ops.hpp"
+
+namespace moex::ops::cpu {
+
+Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const AttentionSpec& spec, DType act) {
+  const int64_t kd = kv.k.size(2), vd = kv.v.size(2), cap = kv.capacity();
+  const int64_t group = spec.heads / spec.kv_heads;
+  const int64_t qd = spec.heads * spec.head_dim_k, od = spec.heads * spec.head_dim_v;
+  Tensor out = Tensor::empty({step.rows(), od}, DType::kF32);
+  const float* Q = q.data<float>();
+  const float* K = kv.k.data<float>();
+  const float* V = kv.v.data<float>();
+  float* O = out.data<float>();
+  const bool has_sinks = spec.sinks.defined();
+  std::vector<float> sinks;
+  if (has_sinks) sinks = spec.sinks.to_float_vector();
+  // Scores are rounded only where transformers' eager bf16 path holds a bf16 tensor.
+  const DType sa = spec.eager_rounding ? act : DType::kF32;
+  const int64_t work = step.rows() * spec.heads * (step.past + step.tokens) * (spec.head_dim_k + spec.head_dim_v);
+#pragma omp parallel if (work >= kParallelWork)
+  {
+    std::vector<float> scores, acc(static_cast<size_t>(spec.head_dim_v));
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t r = 0; r < step.rows(); ++r) {
+      for (int64_t h = 0; h < spec.heads; ++h) {
+        const int64_t b = r / step.tokens, pos = step.position(r);
+        const float* keys = K + b * cap * kd + (h / group) * spec.head_dim_k;
+        const float* vals = V + b * cap * vd + (h / group) * spec.head_dim_v;
+        const int64_t first = spec.sliding_window > 0 ? std::max<int64_t>(0, pos - spec.sliding_window + 1) : 0;
+        const int64_t n = pos + 1 - first;
+        scores.resize(size_t(n));
+        const float* qv = Q + r * qd + h * spec.head_dim_k;
+        const float sink = has_sinks ? round_act(sinks[size_t(h)], sa) : -INFINITY;
+        float mx = sink;
+        for (int64_t j = 0; j < n; ++j) {
+          const float d = round_act(dot(qv, keys + (first + j) * kd, spec.head_dim_k), sa);
+          scores[size_t(j)] = round_act(d * spec.scale, sa);
+          mx = std::max(mx, scores[size_t(j)]);
+        }
+        double denom = has_sinks ? std::exp(double(round_act(sink - mx, sa))) : 0.0;
+        // sdpa takes exp in float32 (torch's vectorised exp); the eager path keeps the double exp
+        // it was matched to transformers with.
+        for (int64_t j = 0; j < n; ++j) {
+          const float d = round_act(scores[size_t(j)] - mx, sa);
+          scores[size_t(j)] = spec.eager_rounding ? float(std::exp(double(d))) : std::exp(d);
+          denom += scores[size_t(j)];
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        // eager: p = round(e / sum), out = round(sum p v). sdpa (torch's CPU flash kernel):
+        // p = round(e) unnormalised, out = round(sum p v / sum).
+        const float after = spec.eager_rounding ? 1.0f : float(denom);
+        for (int64_t j = 0; j < n; ++j) {
+          const float e = scores[size_t(j)];
+          const float w = round_act(spec.eager_rounding ? float(e / denom) : e, act);
+          const float* vv = vals + (first + j) * vd;
+          for (int64_t i = 0; i < spec.head_dim_v; ++i) acc[size_t(i)] += w * vv[i];
+        }
+        float* o = O + r * od + h * spec.head_dim_v;
+        for (int64_t i = 0; i < spec.head_dim_v; ++i) o[i] = round_act(acc[size_t(i)] / after, act);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace moex::ops::cpu

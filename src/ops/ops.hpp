@@ -1,0 +1,228 @@
+// The ops tier: every computation the model code runs on activations, and nothing else.
+//
+// Tiers (house style): src/model/* decides WHAT to compute (configuration, weights, the order of
+// a layer's steps) and calls only these functions; each op here validates nothing (the model API
+// and the loader did), dispatches on the device of its tensors in ONE place (src/ops/dispatch.cpp)
+// and runs an implementation under src/ops/<device>/. This build has host implementations
+// (src/ops/cpu/*); the CUDA branch of the dispatch throws Unsupported naming the op. Models never
+// reach it today: with --device cuda only the experts weights live on the GPU and the model keeps
+// its activations on the host (see run_experts in src/model/layers.cpp).
+//
+// Conventions shared by every op:
+// - Activations are contiguous float32 tensors [rows, width], rows = B sequences x T new tokens,
+//   sequence-major (row = b * T + t). They hold values of the model's activation dtype `act`:
+//   an op rounds its outputs to `act` (round to nearest even; a no-op for float32) exactly where
+//   transformers produces a tensor of that dtype, and says so below. Sums, statistics and
+//   softmaxes accumulate in float32 (some in double where noted), in a fixed order, so results
+//   do not depend on the thread count.
+// - Weights are tensors of any float dtype ([out, in] for linears), read in place.
+// - Ops named with a trailing underscore work in place (torch's convention).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "moex/dtype.hpp"
+#include "moex/experts.hpp"
+#include "moex/tensor.hpp"
+
+namespace moex::ops {
+
+// ---- one forward call ----
+
+// `batch` sequences, each with `tokens` new tokens at positions past .. past + tokens - 1.
+struct Step {
+  int64_t batch = 1;
+  int64_t tokens = 1;
+  int64_t past = 0;  // tokens already in the cache (same for every sequence: no padding)
+  int64_t rows() const { return batch * tokens; }
+  int64_t position(int64_t row) const { return past + row % tokens; }
+};
+
+// ---- KV cache ----
+
+// Keys and values of one layer: k float32 [batch, capacity, k_dim], v [batch, capacity, v_dim]
+// (k_dim = kv_heads * head_dim_k), holding act values; positions [0, length) are filled. Fixed
+// shapes per capacity, so that a device cache can later be allocated once (and captured).
+// Allocated by the first kv_append with max(capacity_hint, what that append needs) positions;
+// an append past the capacity doubles it (copying what is cached).
+struct LayerKV {
+  Tensor k, v;
+  int64_t filled = 0;
+  int64_t capacity_hint = 0;
+  int64_t length() const { return filled; }
+  int64_t capacity() const { return k.defined() ? k.size(1) : 0; }
+};
+
+struct KVCache {
+  // `capacity`: positions to preallocate per layer (prompt + max_new_tokens when known; 0 =
+  // exactly what the first forward needs, doubling afterwards).
+  KVCache(int64_t batch, int64_t layers, int64_t capacity = 0);
+  int64_t batch;
+  std::vector<LayerKV> layers;
+  int64_t length() const;  // positions cached (layer 0)
+};
+
+// Appends k [rows, k_dim] and v [rows, v_dim] (row b * T + t -> sequence b, position past + t;
+// step.past == kv.length(): every sequence advances together).
+void kv_append(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step);
+
+// ---- element-wise ----
+
+// x = round(x) to act (no-op for float32).
+void round_(Tensor& x, DType act);
+// a = round(a + b): the residual connection. Same shapes.
+void add_(Tensor& a, const Tensor& b, DType act);
+// x = clamp(x, -limit, limit) (OLMoE clip_qkv). No rounding (clamping keeps act values).
+void clamp_(Tensor& x, float limit);
+// The gated MLP's middle: gate = round(round(act_fn(gate)) * up), as torch's bf16
+// `act_fn(gate_proj(x)) * up_proj(x)`. kSwigluOai is not a plain activation: Unsupported.
+void gated_activation_(Tensor& gate, const Tensor& up, Activation act_fn, DType act);
+// qwen2_moe's shared expert: y = round(y + round(round(sigmoid(gate_logit)) * shared)),
+// gate_logit [rows, 1], y and shared [rows, H].
+void add_gated_(Tensor& y, const Tensor& shared, const Tensor& gate_logit, DType act);
+
+// Rows `ids` of table [V, H] (any float dtype) -> float32 [ids.size(), H], rounded to act.
+Tensor embedding(const Tensor& table, const std::vector<int64_t>& ids, DType act);
+// Columns [begin, begin + width) of each of the `groups` equal column groups of x
+// [rows, groups * g] -> [rows, groups * width]. groups = 1: a plain column slice.
+// (DeepSeek MLA: the latent / rope parts of kv_a_proj, and k_nope / v of each kv_b_proj head.)
+Tensor slice_columns(const Tensor& x, int64_t groups, int64_t begin, int64_t width);
+// Per group concatenation: out[r, g] = [a[r, g], b[r, g]] with a [rows, groups * wa] and b
+// [rows, groups * wb], or, when b_shared, b [rows, wb] shared by every group (MLA's one rope key
+// of all heads).
+Tensor concat_columns(const Tensor& a, const Tensor& b, int64_t groups, bool b_shared = false);
+// The last of each sequence's `step.tokens` rows: x [step.rows(), W] -> [step.batch, W].
+Tensor last_rows(const Tensor& x, const Step& step);
+
+// ---- normalisation ----
+
+enum class RmsNormStyle : unsigned char {
+  kLlama,   // y = round(w * round(x * r)): LlamaRMSNorm, casts to the input dtype first
+  kGptOss,  // y = round(w * (x * r)): GptOssRMSNorm, product in float32, cast once
+};
+// RMSNorm of every `group`-wide slice of each row (group = 0: the whole row; head_dim: per-head
+// q/k norms), r = 1 / sqrt(mean(x^2) + eps) with the sum of squares in double (transformers'
+// float32 mean without summation-order noise). w [group] of any float dtype.
+void rms_norm_(Tensor& x, const Tensor& weight, float eps, DType act, int64_t group = 0,
+               RmsNormStyle style = RmsNormStyle::kLlama);
+Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, DType act, int64_t group = 0,
+                RmsNormStyle style = RmsNormStyle::kLlama);
+
+// ---- rotary position embedding ----
+
+enum class RopeLayout : unsigned char {
+  kHalf,         // rotate_half: pairs (x[i], x[i + d/2]) (Llama, Qwen, Mixtral, OLMoE, gpt-oss)
+  kInterleaved,  // DeepSeek rope_interleave: pairs (x[2i], x[2i+1]); the output is written in
+                 // rotate_half order (x[2i] -> slot i, x[2i+1] -> slot i + d/2), exactly as
+                 // transformers' apply_rotary_pos_emb_interleave does.
+};
+
+// The frequencies of a rope (built from a config by model::make_rope).
+struct Rope {
+  int64_t rotary_dim = 0;
+  std::vector<double> inv_freq;    // rotary_dim / 2 entries, float32 values
+  double attention_scaling = 1.0;  // multiplies cos and sin (yarn)
+  // cos/sin for one position in float32 as transformers computes them (freqs = inv_freq *
+  // position in float32), scaled, rounded to act: out[rotary_dim/2] each.
+  void cos_sin(int64_t position, DType act, float* cos_out, float* sin_out) const;
+};
+
+// Rotates dims [offset, offset + rotary_dim) of each head's head_stride-wide slice of
+// x [rows, heads * head_stride] in place at the positions of `step`: (x * cos) +
+// (rotate_half(x) * sin), each product and the sum rounded to act (torch's bf16 ops).
+void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const Rope& rope,
+           RopeLayout layout, const Step& step, DType act);
+
+// ---- linear ----
+
+// y = x W^T + b: x [rows, in] float32, W [out, in] any float dtype, b [out] float32 or
+// undefined; float32 accumulation, rounded once to act. -> [rows, out]. Also the lm_head (no
+// bias; logits hold act values).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act);
+
+// ---- attention ----
+
+struct AttentionSpec {
+  int64_t heads = 0;       // query heads
+  int64_t kv_heads = 0;    // key/value heads (GQA: heads % kv_heads == 0; head h reads h / (heads / kv_heads))
+  int64_t head_dim_k = 0;  // q and k per-head width
+  int64_t head_dim_v = 0;  // v and output per-head width
+  float scale = 0.0f;      // softmax scale (usually 1/sqrt(head_dim_k))
+  int64_t sliding_window = 0;  // > 0: the query at p sees keys at j with p - j < sliding_window
+  Tensor sinks;                // [heads] float32 per-head sink logits (gpt-oss), or undefined
+  // Off: torch's CPU sdpa (flash) kernel, what transformers runs by default: scores and
+  // softmax in float32, the unnormalised e = exp(s - max) rounded to act for the product with v,
+  // the float32 sum of e dividing the result. On: transformers' eager attention (gpt-oss, which
+  // has no sdpa): q.k, the scaled score, the sink and the score minus the row maximum rounded to
+  // act, then the normalised probabilities e / sum rounded to act. (No-ops in float32 but for
+  // where the division happens.)
+  bool eager_rounding = false;
+};
+
+// Causal attention of q [rows, heads * head_dim_k] over every position cached in `kv` up to
+// each query's own (kv_append first): scores = q.k * scale, softmax over the visible keys with
+// the sinks joining the denominator (then dropped; such rows sum to < 1), denominator in double,
+// p.v accumulated in float32, output rounded to act; exp (float32 for sdpa, double for eager) and
+// the other rounding points follow AttentionSpec::eager_rounding. -> [rows, heads * head_dim_v].
+Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const AttentionSpec& spec,
+                 DType act);
+
+// ---- routing ----
+
+// Routing result handed to the experts: top_k_index int64 [rows, k], top_k_weights float32
+// [rows, k].
+struct Routing {
+  Tensor top_k_index;
+  Tensor top_k_weights;
+};
+
+// torch.topk(largest=True) of one row exactly as torch's CPU kernel picks it, ties included:
+// (value, index) pairs in index order, std::partial_sort when k * 64 <= n, else std::nth_element
+// at k - 1 (then std::sort of the first k - 1 when `sorted`), comparing values only (NaN counts
+// as largest). bf16 router logits tie often, and the chosen expert decides the output, so every
+// router uses it. val_out may be null.
+void torch_topk(const float* values, int64_t n, int64_t k, bool sorted, int64_t* idx_out,
+                float* val_out);
+
+// Softmax router (Mixtral / Qwen-MoE / OLMoE): p = softmax(logits) in float32, torch.topk(p, k)
+// (sorted), optionally renormalised to sum 1, weights rounded to `weights_dtype` (the hidden
+// dtype; Mixtral keeps float32). logits float32 [rows, E].
+Routing softmax_topk(const Tensor& logits, int64_t k, bool normalize, DType weights_dtype);
+// gpt-oss router after its linear: torch.topk(logits, k) (sorted), softmax over the k chosen
+// values in float32, rounded to act.
+Routing topk_softmax(const Tensor& logits, int64_t k, DType act);
+
+// DeepSeek-V3's router (DeepseekV3TopkRouter), float32 throughout:
+//   s = sigmoid(logits); c = s + correction (used to CHOOSE only)
+//   group score = sum of the two largest c of each of n_group contiguous groups (one when a
+//   group has one expert); keep the topk_group best groups (torch.topk sorted=False), c = -inf
+//   elsewhere; idx = torch.topk(c, k, sorted=False) (slot order = torch's nth_element order)
+//   w = s[idx]; if norm_topk_prob: w /= (sum w + 1e-20); w *= routed_scaling_factor. Weights stay float32.
+struct GroupLimitedTopk {
+  int64_t num_experts = 0;  // E
+  int64_t top_k = 1;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  bool norm_topk_prob = true;
+  float routed_scaling_factor = 1.0f;
+};
+// logits float32 [rows, E], correction float32 [E].
+Routing sigmoid_group_topk(const Tensor& logits, const Tensor& correction, const GroupLimitedTopk& spec);
+
+// ---- token choice ----
+
+// argmax of row `row` of logits [rows, V] (the lowest id on ties).
+int64_t argmax_row(const Tensor& logits, int64_t row);
+// transformers' warper order: temperature, top-k, top-p (the least likely tokens whose
+// cumulative probability is <= 1 - top_p are removed, the most likely always stays), then a
+// draw from the softmax with `rng`, in double.
+struct SamplingSpec {
+  float temperature = 1.0f;  // > 0
+  int64_t top_k = 0;         // 0 = off
+  float top_p = 1.0f;        // in (0, 1]; 1 = off
+};
+int64_t sample_row(const Tensor& logits, int64_t row, const SamplingSpec& spec, std::mt19937_64& rng);
+
+}  // namespace moex::ops
