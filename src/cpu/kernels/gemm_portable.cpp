@@ -1,50 +1,49 @@
 // Portable C++ kernels over the packed layouts (kernels.hpp): the fallback for any CPU and the
-// reading of the layouts that the vector kernels must agree with.
-#include <cstring>
+// reading of the layouts that the vector kernels must agree with. The loop is gemm_loop.hpp's
+// with scalar "vectors" of one lane, one row at a time, without a target region.
+#include <cstdint>
+#include <utility>
 
+#include "cpu/kernels/gemm_loop.hpp"
 #include "cpu/kernels/kernels.hpp"
 #include "moex/dtype.hpp"
 
 namespace moex::cpu::kernels {
+namespace {
 
-void gemm_bf16_portable(const GemmArgs& g) {
-  const auto* a = static_cast<const uint16_t*>(g.a);
-  const auto* b = static_cast<const uint16_t*>(g.b);
-  for (int r = 0; r < g.m; ++r) {
-    float acc[kBlockCols] = {};
-    const uint16_t* ar = a + r * g.lda;
-    for (int64_t p = 0; p < g.k / 2; ++p) {
-      const float a0 = bf16_to_float(ar[2 * p]);
-      const float a1 = bf16_to_float(ar[2 * p + 1]);
-      for (int panel = 0; panel < 2; ++panel) {
-        const uint16_t* row = b + panel * g.panel_stride + p * 2 * kPanelCols;
-        float* c = acc + panel * kPanelCols;
-        for (int n = 0; n < kPanelCols; ++n) {
-          c[n] += a0 * bf16_to_float(row[2 * n]);
-          c[n] += a1 * bf16_to_float(row[2 * n + 1]);
-        }
-      }
-    }
-    std::memcpy(g.c + r * g.ldc, acc, sizeof acc);
-  }
-}
+struct Scalar {
+  using Acc = float;
+  static constexpr int kLanes = 1, kPassCols = kBlockCols, kMaxRows = 1, kPrefetchBytes = 0;
+  static Acc zero() { return 0.f; }
+  static void store(float* c, Acc v) { *c = v; }
+};
 
-void gemm_f32_portable(const GemmArgs& g) {
-  const auto* a = static_cast<const float*>(g.a);
-  const auto* b = static_cast<const float*>(g.b);
-  for (int r = 0; r < g.m; ++r) {
-    float acc[kBlockCols] = {};
-    const float* ar = a + r * g.lda;
-    for (int64_t k = 0; k < g.k; ++k) {
-      const float av = ar[k];
-      for (int panel = 0; panel < 2; ++panel) {
-        const float* row = b + panel * g.panel_stride + k * kPanelCols;
-        float* c = acc + panel * kPanelCols;
-        for (int n = 0; n < kPanelCols; ++n) c[n] += av * row[n];
-      }
-    }
-    std::memcpy(g.c + r * g.ldc, acc, sizeof acc);
-  }
-}
+struct PortableF32 : Scalar {
+  using Elem = float;
+  static constexpr int kKPerStep = 1;
+  using A = float;
+  using B = float;
+  static B load_b(const float* p) { return *p; }
+  static A load_a(const float* p) { return *p; }
+  static Acc madd(Acc acc, A a, B b) { return acc + a * b; }
+};
+
+struct PortableBf16 : Scalar {
+  using Elem = uint16_t;
+  static constexpr int kKPerStep = 2;
+  struct Pair {
+    float even, odd;
+  };
+  using A = Pair;
+  using B = Pair;
+  static Pair load_b(const uint16_t* p) { return {bf16_to_float(p[0]), bf16_to_float(p[1])}; }
+  static Pair load_a(const uint16_t* p) { return {bf16_to_float(p[0]), bf16_to_float(p[1])}; }
+  static Acc madd(Acc acc, A a, B b) { return (acc + a.even * b.even) + a.odd * b.odd; }
+};
+
+}  // namespace
+
+void gemm_bf16_portable(const GemmArgs& g) { loop::gemm<PortableBf16>(g); }
+void gemm_f32_portable(const GemmArgs& g) { loop::gemm<PortableF32>(g); }
 
 }  // namespace moex::cpu::kernels
