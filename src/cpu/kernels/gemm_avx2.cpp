@@ -22,12 +22,13 @@ struct Avx2 {
   static constexpr int kPassCols = 16;
   static constexpr int kPrefetchBytes = 0;
   static Acc zero() { return _mm256_setzero_ps(); }
+  static Acc splat(float v) { return _mm256_set1_ps(v); }
   static void store(float* c, Acc v) { _mm256_storeu_ps(c, v); }
 };
 
 struct Avx2F32 : Avx2 {
   using Elem = float;
-  static constexpr int kKPerStep = 1, kMaxRows = 6;
+  static constexpr int kKPerStep = 1, kMaxRows = 6, kFlopsPerMadd = 2 * kLanes;
   using A = __m256;
   using B = __m256;
   static B load_b(const float* p) { return _mm256_loadu_ps(p); }
@@ -66,21 +67,8 @@ void gemm_f32_avx2(const GemmArgs& g) { loop::gemm<Avx2F32>(g); }
 void gemm_bf16_avx2(const GemmArgs& g) { loop::gemm<Avx2Bf16Widened>(g); }
 
 double peak_loop_avx2_f32(int64_t iters) {
-  __m256 acc[12];
-  #pragma GCC unroll 32
-  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(float(i) * 1e-3f);
-  const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(1e-4f);
-  for (int64_t it = 0; it < iters; ++it) {
-    #pragma GCC unroll 32
-    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], x, y);
-    __asm__ volatile("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]));
-  }
-  #pragma GCC unroll 32
-  for (int i = 1; i < 12; ++i) acc[0] = _mm256_add_ps(acc[0], acc[i]);
-  float sink[8];
-  _mm256_storeu_ps(sink, acc[0]);
-  __asm__ volatile("" : : "r"(sink) : "memory");
-  return double(iters) * 12 * 16;
+  // 12 chains cover the FMA latency x throughput product (4 x 2) with registers to spare.
+  return loop::peak<Avx2F32, 12>(iters, _mm256_set1_ps(0.999f), _mm256_set1_ps(1e-4f));
 }
 
 }  // namespace moex::cpu::kernels

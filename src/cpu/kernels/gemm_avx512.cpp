@@ -25,12 +25,13 @@ struct Avx512 {
   // in flight at decode sizes, where the FMAs cannot hide DRAM latency.
   static constexpr int kPrefetchBytes = 1024;
   static Acc zero() { return _mm512_setzero_ps(); }
+  static Acc splat(float v) { return _mm512_set1_ps(v); }
   static void store(float* c, Acc v) { _mm512_storeu_ps(c, v); }
 };
 
 struct Avx512F32 : Avx512 {
   using Elem = float;
-  static constexpr int kKPerStep = 1, kMaxRows = 12;
+  static constexpr int kKPerStep = 1, kMaxRows = 12, kFlopsPerMadd = 2 * kLanes;
   using A = __m512;
   using B = __m512;
   static B load_b(const float* p) { return _mm512_loadu_ps(p); }
@@ -70,21 +71,7 @@ void gemm_bf16_avx512(const GemmArgs& g) { loop::gemm<Avx512Bf16Widened>(g); }
 
 double peak_loop_avx512_f32(int64_t iters) {
   // 24 independent accumulator chains cover the FMA latency x throughput product (4 x 2).
-  __m512 acc[24];
-  #pragma GCC unroll 32
-  for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(float(i) * 1e-3f);
-  const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(1e-4f);
-  for (int64_t it = 0; it < iters; ++it) {
-    #pragma GCC unroll 32
-    for (int i = 0; i < 24; ++i) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
-    __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]));
-  }
-  #pragma GCC unroll 32
-  for (int i = 1; i < 24; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
-  float sink[16];
-  _mm512_storeu_ps(sink, acc[0]);
-  __asm__ volatile("" : : "r"(sink) : "memory");
-  return double(iters) * 24 * 32;
+  return loop::peak<Avx512F32, 24>(iters, _mm512_set1_ps(0.999f), _mm512_set1_ps(1e-4f));
 }
 
 }  // namespace moex::cpu::kernels

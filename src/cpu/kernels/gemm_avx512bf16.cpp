@@ -22,9 +22,11 @@ struct Avx512Bf16Dot {
   using A = __m512bh;
   using B = __m512bh;
   static constexpr int kLanes = 16, kPassCols = 32, kKPerStep = 2, kMaxRows = 12;
+  static constexpr int kFlopsPerMadd = 4 * kLanes;  // two products and two adds per lane
   // As in gemm_avx512.cpp: keeps both weight streams ahead of use when few rows hide no latency.
   static constexpr int kPrefetchBytes = 1024;
   static Acc zero() { return _mm512_setzero_ps(); }
+  static Acc splat(float v) { return _mm512_set1_ps(v); }
   static void store(float* c, Acc v) { _mm512_storeu_ps(c, v); }
   static B load_b(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
   static A load_a(const uint16_t* p) {
@@ -40,22 +42,9 @@ struct Avx512Bf16Dot {
 void gemm_bf16_avx512bf16(const GemmArgs& g) { loop::gemm<Avx512Bf16Dot>(g); }
 
 double peak_loop_avx512bf16(int64_t iters) {
-  __m512 acc[24];
-  #pragma GCC unroll 32
-  for (int i = 0; i < 24; ++i) acc[i] = _mm512_setzero_ps();
   const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80);  // (1.0, 1.0)
   const __m512bh y = (__m512bh)_mm512_set1_epi32(0x38003800);  // tiny, keeps values finite
-  for (int64_t it = 0; it < iters; ++it) {
-    #pragma GCC unroll 32
-    for (int i = 0; i < 24; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], x, y);
-    __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]));
-  }
-  #pragma GCC unroll 32
-  for (int i = 1; i < 24; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
-  float sink[16];
-  _mm512_storeu_ps(sink, acc[0]);
-  __asm__ volatile("" : : "r"(sink) : "memory");
-  return double(iters) * 24 * 64;
+  return loop::peak<Avx512Bf16Dot, 24>(iters, x, y);
 }
 
 }  // namespace moex::cpu::kernels

@@ -18,6 +18,8 @@
 //   load_a(p)        one step of one A row, broadcast
 //   madd(acc, a, b)  acc + a * b for one step; for bf16 pairs the even k first, then the odd k
 //   zero(), store(float*, acc)
+// and, for the register-resident peak loop of the ceilings (peak below), kFlopsPerMadd and
+// splat(v) (every lane v).
 // Every accumulator sees its products in k order whatever MR or the pass width (rows and column
 // passes are independent), so a path's result does not depend on how its rows are chunked.
 //
@@ -99,6 +101,28 @@ inline void gemm(const GemmArgs& g) {
                     : void()),
      ...);
   }(std::make_integer_sequence<int, kMR - 1>{});
+}
+
+// The register-resident peak of Tr::madd for the bench's ceilings: kChains independent
+// accumulator chains (enough to cover the unit's latency x throughput), no memory traffic.
+// Every chain starts from a different value (Tr::splat), or the compiler merges chains that
+// compute the same values. Returns the flops done.
+template <class Tr, int kChains>
+inline double peak(int64_t iters, typename Tr::A a, typename Tr::B b) {
+  typename Tr::Acc acc[kChains];
+  #pragma GCC unroll 32
+  for (int i = 0; i < kChains; ++i) acc[i] = Tr::splat(float(i) * 1e-3f);
+  for (int64_t it = 0; it < iters; ++it) {
+    #pragma GCC unroll 32
+    for (int i = 0; i < kChains; ++i) acc[i] = Tr::madd(acc[i], a, b);
+    // Keeps the compiler from collapsing the iterations into a closed form.
+    __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]));
+  }
+  float sink[kChains * Tr::kLanes];
+  #pragma GCC unroll 32
+  for (int i = 0; i < kChains; ++i) Tr::store(sink + i * Tr::kLanes, acc[i]);
+  __asm__ volatile("" : : "r"(sink) : "memory");
+  return double(iters) * kChains * Tr::kFlopsPerMadd;
 }
 
 }  // namespace moex::cpu::kernels::loop
