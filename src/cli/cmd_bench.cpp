@@ -124,6 +124,15 @@ class CacheEvictor {
   volatile uint64_t sink_ = 0;
 };
 
+// --graph: time direct launches, CUDA graph replays, or both.
+enum class GraphMode : unsigned char { kOff, kOn, kBoth };
+GraphMode parse_graph_mode(const std::string& s) {
+  if (s == "off") return GraphMode::kOff;
+  if (s == "on") return GraphMode::kOn;
+  if (s == "both") return GraphMode::kBoth;
+  throw InvalidInput("--graph must be off, on or both, not '" + s + "'");
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -179,10 +188,8 @@ int run_bench_experts(const std::vector<std::string>& argv) {
     for (auto& n : experts_backend_names())
       if (get_experts_backend(n)->unsupported_reason(ExpertsSpec{}, dt, dev).empty())
         backends.push_back(n);
-  std::string graph_mode = a.get_or("graph", dev.is_cuda() ? "both" : "off");
-  if (graph_mode != "off" && graph_mode != "on" && graph_mode != "both")
-    throw InvalidInput("--graph must be off, on or both");
-  if (!dev.is_cuda() && graph_mode != "off")
+  const GraphMode graph_mode = parse_graph_mode(a.get_or("graph", dev.is_cuda() ? "both" : "off"));
+  if (!dev.is_cuda() && graph_mode != GraphMode::kOff)
     throw InvalidInput("--graph on|both needs --device cuda (graphs are CUDA graphs)");
   const bool json = a.has("json"), check = !a.has("no-check");
   const uint64_t seed = uint64_t(a.get_int("seed", 1));
@@ -297,8 +304,8 @@ int run_bench_experts(const std::vector<std::string>& argv) {
       std::optional<double> err;
       if (checked) err = check_rows(experts.forward(b, hd, idxd, wd), b, "");
       std::vector<bool> graph_modes;
-      if (graph_mode != "on") graph_modes.push_back(false);
-      if (graph_mode != "off") graph_modes.push_back(true);
+      if (graph_mode != GraphMode::kOn) graph_modes.push_back(false);
+      if (graph_mode != GraphMode::kOff) graph_modes.push_back(true);
       for (bool g : graph_modes) {
         auto fn = [&] { (void)experts.forward(b, hd, idxd, wd); };
         double ms = 0;
