@@ -21,6 +21,11 @@ using namespace moex;
 using namespace moex::test;
 using moex::cpu::KernelPath;
 
+namespace moex {
+// Test names and messages show the path's name, not its byte value.
+void PrintTo(CpuKernelPath p, std::ostream* os) { *os << cpu_kernel_path_name(p); }
+}  // namespace moex
+
 namespace {
 
 // Skips the current test when this CPU cannot run `path`.
