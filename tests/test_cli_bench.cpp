@@ -101,7 +101,8 @@ TEST_F(CliBench, WrongBackendFailsTheCheckAndIsNotTimed) {
 
 // The control: a right backend from a plugin passes the same check.
 TEST_F(CliBench, ExactPluginBackendPasses) {
-  Result r = bench("--tokens 5 --backends reference --json", std::string("--plugin ") + MOEX_PLUGIN_PATH);
+  Result r = bench("--tokens 5 --backends reference --json",
+                   std::string("--plugin ") + MOEX_PLUGIN_PATH);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(lines(r.out).at(0));
   EXPECT_EQ(j["backend"], "reference");

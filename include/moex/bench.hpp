@@ -1,6 +1,6 @@
-// What `moex bench experts` measures besides the experts call itself: the ceilings its floor divides
-// by, and CUDA timing with and without graphs. Public so that any tool (the CLI is one) bounds and
-// times the experts call the same way, without reaching into the library's internals.
+// What `moex bench experts` measures besides the experts call itself: the ceilings its floor
+// divides by, and CUDA timing with and without graphs. Public so that any tool (the CLI is one)
+// bounds and times the experts call the same way, without reaching into the library's internals.
 //
 // The floor of a call is max(bytes / bandwidth, flops / peak): the time it would take if it only
 // moved its bytes at the measured bandwidth, or only did its flops at the measured peak.

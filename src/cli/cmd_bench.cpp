@@ -315,9 +315,10 @@ int run_bench_experts(const std::vector<std::string>& argv) {
         } else {
           if (g && !get_experts_backend(b)->caps().graph_capturable) continue;
           // The replays are what is timed, so a replay's output is what must be right.
-          if (g && checked)
-            row_err = check_rows(graph_replay_output(dev, [&] { return experts.forward(b, hd, idxd, wd); }),
-                                 b, " replayed from a CUDA graph");
+          if (g && checked) {
+            auto call = [&] { return experts.forward(b, hd, idxd, wd); };
+            row_err = check_rows(graph_replay_output(dev, call), b, " replayed from a CUDA graph");
+          }
           ms = time_cuda_ms(dev, fn, g, 3, std::max(min_iters, 20));
         }
         double frac = ms > 0 ? floor_ms / ms : 0;
@@ -329,7 +330,8 @@ int run_bench_experts(const std::vector<std::string>& argv) {
                            {"fraction_of_floor", frac}, {"bytes", bytes}, {"flops", flops},
                            {"distinct_experts", r.distinct}, {"bandwidth_gbs", bw_gbs},
                            {"peak_tflops", peak_tflops}, {"kernel", kernel},
-                           {"check_rel_err", row_err ? nlohmann::json(*row_err) : nlohmann::json()}};
+                           {"check_rel_err",
+                            row_err ? nlohmann::json(*row_err) : nlohmann::json()}};
           std::printf("%s\n", j.dump().c_str());
         } else {
           char err_text[32] = "unchecked";

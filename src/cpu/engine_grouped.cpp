@@ -422,8 +422,11 @@ void run_typed(const PreparedCpuExperts& p, const ExpertsProblem& pr, Tensor& ou
   if (profile) {
     stamp[kPhases] = omp_get_wtime();
     auto ms = [&](Phase ph) { return 1e3 * (stamp[ph + 1] - stamp[ph]); };
-    std::fprintf(stderr, "[moex cpu] T=%ld rows=%ld panels=%ld ms: gather %.3f gate_up %.3f down %.3f combine %.3f\n",
-                 long(T_), long(rows), long(n_act), ms(kGather), ms(kGateUp), ms(kDown), ms(kCombine));
+    std::fprintf(stderr,
+                 "[moex cpu] T=%ld rows=%ld panels=%ld ms: gather %.3f gate_up %.3f down %.3f "
+                 "combine %.3f\n",
+                 long(T_), long(rows), long(n_act), ms(kGather), ms(kGateUp), ms(kDown),
+                 ms(kCombine));
   }
 }
 

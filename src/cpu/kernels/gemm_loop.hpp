@@ -93,7 +93,8 @@ inline void gemm(const GemmArgs& g) {
   const Elem* const b[2] = {static_cast<const Elem*>(g.b),
                             static_cast<const Elem*>(g.b) + g.panel_stride};
   int r = 0;
-  for (; r + kMR <= g.m; r += kMR) block_rows<Tr, kMR>(a + r * g.lda, g.lda, b, g.k, g.c + r * g.ldc, g.ldc);
+  for (; r + kMR <= g.m; r += kMR)
+    block_rows<Tr, kMR>(a + r * g.lda, g.lda, b, g.k, g.c + r * g.ldc, g.ldc);
   const int rest = g.m - r;
   if (rest == 0) return;
   [&]<int... I>(std::integer_sequence<int, I...>) {
