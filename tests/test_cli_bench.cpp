@@ -1,7 +1,8 @@
 // `moex bench experts` run as a user would (MOEX_CLI_PATH): it checks every backend before timing
 // it and refuses a wrong one (the test plugin examples/wrong_backend_plugin.cpp) with a non-zero
 // exit naming the failed check; rows it did not check say so ("unchecked", JSON null) instead of
-// showing an error of 0; --cpu-kernel runs grouped_mm on the named CPU kernel path.
+// showing an error of 0; --cpu-kernel runs grouped_mm on the named CPU kernel path. Plus the
+// public API it is built on (moex/bench.hpp): what is measured, and the errors.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -16,7 +17,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moex/bench.hpp"
 #include "moex/cpu_kernels.hpp"
+#include "moex/error.hpp"
 
 namespace moex {
 namespace {
@@ -160,6 +163,37 @@ TEST_F(CliBench, CpuKernelFlagRunsThatPath) {
     EXPECT_NE(r.err.find("cannot run"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find(name), std::string::npos) << r.err;
   }
+}
+
+TEST(BenchApi, CeilingsMeasureWhatIsAskedAndNameTheUnit) {
+  CeilingsOptions none;
+  none.bandwidth = none.peak = false;
+  Ceilings c = measure_ceilings(Device::cpu(), DType::kBF16, none);
+  EXPECT_EQ(c.unit, cpu_kernel_path_name(default_cpu_kernel_path()));
+  EXPECT_EQ(c.read_gbps, 0);
+  EXPECT_EQ(c.copy_gbps, 0);
+  EXPECT_EQ(c.peak_tflops, 0);
+
+  CeilingsOptions peak = none;
+  peak.peak = true;
+  peak.cpu_kernel = CpuKernelPath::kPortable;
+  c = measure_ceilings(Device::cpu(), DType::kF32, peak);
+  EXPECT_EQ(c.unit, "portable");
+  EXPECT_GT(c.peak_tflops, 0);
+  EXPECT_EQ(c.read_gbps, 0);
+
+  for (CpuKernelPath p : kAllCpuKernelPaths) {
+    if (cpu_kernel_path_supported(p)) continue;
+    CeilingsOptions forced = none;
+    forced.cpu_kernel = p;
+    EXPECT_THROW(measure_ceilings(Device::cpu(), DType::kBF16, forced), Unsupported)
+        << cpu_kernel_path_name(p);
+  }
+  EXPECT_THROW(time_cuda_ms(Device::cpu(), [] {}, false, 1, 1), Unsupported);
+  EXPECT_THROW(graph_replay_output(Device::cpu(), [] { return Tensor(); }), Unsupported);
+#ifndef MOEX_WITH_CUDA
+  EXPECT_THROW(measure_ceilings(Device::cuda(0), DType::kBF16, none), Unsupported);
+#endif
 }
 
 }  // namespace

@@ -44,9 +44,9 @@ Ceilings measure_ceilings(Device device, DType dtype, const CeilingsOptions& opt
 
 double time_cuda_ms(Device device, const std::function<void()>& fn, bool use_graph, int warmup,
                     int iters) {
+  if (!device.is_cuda()) throw Unsupported("time_cuda_ms needs a CUDA device, not " + device.str());
 #ifdef MOEX_WITH_CUDA
-  if (device.is_cuda()) return cuda::bench_time_ms(device, fn, use_graph, warmup, iters);
-  throw Unsupported("time_cuda_ms needs a CUDA device, not " + device.str());
+  return cuda::bench_time_ms(device, fn, use_graph, warmup, iters);
 #else
   (void)fn, (void)use_graph, (void)warmup, (void)iters;
   no_cuda(device);
@@ -54,9 +54,10 @@ double time_cuda_ms(Device device, const std::function<void()>& fn, bool use_gra
 }
 
 Tensor graph_replay_output(Device device, const std::function<Tensor()>& fn) {
+  if (!device.is_cuda())
+    throw Unsupported("graph_replay_output needs a CUDA device, not " + device.str());
 #ifdef MOEX_WITH_CUDA
-  if (device.is_cuda()) return cuda::bench_graph_replay_output(device, fn);
-  throw Unsupported("graph_replay_output needs a CUDA device, not " + device.str());
+  return cuda::bench_graph_replay_output(device, fn);
 #else
   (void)fn;
   no_cuda(device);
