@@ -1,8 +1,10 @@
-// The CPU experts engine on every kernel path this machine runs (forced one by one, the portable
-// one included) against the float64 reference of the consistency harness: all layouts and
-// activations, ugly sizes, every routing case, enough rows per expert to reach the AMX 2 x 2
-// tile path, [T, E] weights and int32 ids. Plus the micro-kernels alone for every row count
-// 1..32 (the register-blocking remainders), path selection, and thread-count independence.
+// The CPU experts engine on every kernel path (forced one by one, the portable one included)
+// against the float64 reference of the consistency harness: all layouts and activations, ugly
+// sizes, every routing case, enough rows per expert to reach the AMX 2 x 2 tile path, [T, E]
+// weights and int32 ids. Plus the micro-kernels alone for every row count 1..32 (the
+// register-blocking remainders), path selection on fixed feature sets, and thread-count
+// independence. Every path is instantiated on every machine; a path this CPU cannot run is
+// reported as skipped with the reason, never left out of the list.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -19,14 +21,19 @@ using namespace moex;
 using namespace moex::test;
 using moex::cpu::KernelPath;
 
+namespace moex {
+// Test names and messages show the path's name, not its byte value.
+void PrintTo(CpuKernelPath p, std::ostream* os) { *os << cpu_kernel_path_name(p); }
+}  // namespace moex
+
 namespace {
 
-std::vector<KernelPath> paths_here() {
-  std::vector<KernelPath> v;
-  for (KernelPath p : cpu::kAllKernelPaths)
-    if (cpu::kernel_path_supported(p)) v.push_back(p);
-  return v;
-}
+// Skips the current test when this CPU cannot run `path`.
+#define SKIP_UNLESS_SUPPORTED(path)                                                         \
+  if (!cpu::kernel_path_supported(path))                                                  \
+  GTEST_SKIP() << "this CPU cannot run the " << cpu::kernel_path_name(path)               \
+               << " kernel path (it runs " << cpu::kernel_path_name(cpu::best_kernel_path()) \
+               << " and below)"
 
 Tensor run_engine(const cpu::PreparedCpuExperts& p, const ExpertsSpec& s, const ExpertsWeights& w,
                   const Routing& r) {
@@ -76,7 +83,10 @@ void check(KernelPath path, const Case& c, DType dt, uint64_t seed) {
                       << " per_expert=" << c.per_expert << " seed=" << seed;
 }
 
-class EnginePath : public ::testing::TestWithParam<KernelPath> {};
+class EnginePath : public ::testing::TestWithParam<KernelPath> {
+ protected:
+  void SetUp() override { SKIP_UNLESS_SUPPORTED(GetParam()); }
+};
 
 TEST_P(EnginePath, AllLayoutsAndTokenCounts) {
   uint64_t seed = 7000;
@@ -184,11 +194,17 @@ TEST_P(EnginePath, LargeBatchStreamedSlotRows) {
 std::string path_param_name(const ::testing::TestParamInfo<KernelPath>& info) {
   return std::string(cpu::kernel_path_name(info.param));
 }
-INSTANTIATE_TEST_SUITE_P(Cpu, EnginePath, ::testing::ValuesIn(paths_here()), path_param_name);
+INSTANTIATE_TEST_SUITE_P(Cpu, EnginePath, ::testing::ValuesIn(cpu::kAllKernelPaths),
+                         path_param_name);
 
-// Each micro-kernel against a double reference on random packed panels, for every row count
-// 1..32 (so every register-blocking remainder and both AMX tile shapes run).
-TEST(CpuKernels, EveryRowCountMatchesDoubleReference) {
+class KernelsOfPath : public ::testing::TestWithParam<KernelPath> {
+ protected:
+  void SetUp() override { SKIP_UNLESS_SUPPORTED(GetParam()); }
+};
+
+// Each micro-kernel of a path against a double reference on random packed panels, for every row
+// count 1..32 (so every register-blocking remainder and both AMX tile shapes run).
+TEST_P(KernelsOfPath, EveryRowCountMatchesDoubleReference) {
   namespace kn = moex::cpu::kernels;
   const uint64_t seed = 8100;
   std::mt19937_64 rng(seed);
@@ -198,6 +214,7 @@ TEST(CpuKernels, EveryRowCountMatchesDoubleReference) {
     kn::GemmFn fn;
     KernelPath need;
   };
+  int ran = 0;
   for (DType dt : {DType::kBF16, DType::kF32}) {
     const bool bf = dt == DType::kBF16;
     const int64_t K = bf ? 96 : 77;
@@ -228,7 +245,8 @@ TEST(CpuKernels, EveryRowCountMatchesDoubleReference) {
                                                 {"avx2", kn::gemm_f32_avx2, KernelPath::kAvx2},
                                                 {"avx512", kn::gemm_f32_avx512, KernelPath::kAvx512}};
     for (const Fn& f : fns) {
-      if (!cpu::kernel_path_supported(f.need)) continue;
+      if (f.need != GetParam()) continue;
+      ++ran;
       for (int m = 1; m <= kn::kMaxRows; ++m) {
         std::vector<float> c(size_t(kn::kMaxRows * kn::kBlockCols), -12345.f);
         kn::GemmArgs g;
@@ -255,28 +273,110 @@ TEST(CpuKernels, EveryRowCountMatchesDoubleReference) {
       }
     }
   }
+  EXPECT_GT(ran, 0) << "no micro-kernel listed for " << cpu::kernel_path_name(GetParam());
+}
+INSTANTIATE_TEST_SUITE_P(Cpu, KernelsOfPath, ::testing::ValuesIn(cpu::kAllKernelPaths),
+                         path_param_name);
+
+// The kernel choice is a pure function of (weight dtype, CPU features, forced path): checked here
+// on fixed feature sets, so the AMX and AVX-512 choices are tested on any machine.
+TEST(CpuEngine, PlanOnFixedFeatureSets) {
+  namespace kn = moex::cpu::kernels;
+  using F = cpu::CpuFeatures;
+  const F none{}, avx2{true, false, false, false}, avx512{true, true, false, false},
+      bf16{true, true, true, false}, amx{true, true, true, true};
+  struct Want {
+    F f;
+    DType dt;
+    kn::GemmFn small, large;
+    int small_max_rows;
+    bool vector_epilogue;
+    std::string_view name;
+  };
+  const Want wants[] = {
+      {none, DType::kBF16, kn::gemm_bf16_portable, kn::gemm_bf16_portable, kn::kMaxRows, false, "portable"},
+      {none, DType::kF32, kn::gemm_f32_portable, kn::gemm_f32_portable, kn::kMaxRows, false, "portable"},
+      {avx2, DType::kBF16, kn::gemm_bf16_avx2, kn::gemm_bf16_avx2, kn::kMaxRows, false, "avx2"},
+      {avx2, DType::kF32, kn::gemm_f32_avx2, kn::gemm_f32_avx2, kn::kMaxRows, false, "avx2"},
+      {avx512, DType::kBF16, kn::gemm_bf16_avx512, kn::gemm_bf16_avx512, kn::kMaxRows, true, "avx512"},
+      {avx512, DType::kF32, kn::gemm_f32_avx512, kn::gemm_f32_avx512, kn::kMaxRows, true, "avx512"},
+      {bf16, DType::kBF16, kn::gemm_bf16_avx512bf16, kn::gemm_bf16_avx512bf16, kn::kMaxRows, true,
+       "avx512bf16"},
+      // fp32 data never runs on a bf16 unit.
+      {bf16, DType::kF32, kn::gemm_f32_avx512, kn::gemm_f32_avx512, kn::kMaxRows, true, "avx512"},
+      {amx, DType::kBF16, kn::gemm_bf16_avx512bf16, kn::gemm_bf16_amx, 4, true, "amx+avx512bf16"},
+      {amx, DType::kF32, kn::gemm_f32_avx512, kn::gemm_f32_avx512, kn::kMaxRows, true, "avx512"},
+  };
+  for (const Want& w : wants) {
+    const cpu::KernelSet s = cpu::plan_kernels(w.dt, w.f);
+    SCOPED_TRACE(std::string(w.name) + " " + std::string(dtype_name(w.dt)));
+    EXPECT_EQ(s.path, cpu::best_kernel_path(w.f));
+    EXPECT_EQ(s.dtype, w.dt);
+    EXPECT_EQ(s.small, w.small);
+    EXPECT_EQ(s.large, w.large);
+    EXPECT_EQ(s.small_max_rows, w.small_max_rows);
+    EXPECT_EQ(s.gated_silu != nullptr, w.vector_epilogue);
+    EXPECT_EQ(s.sum_rows != nullptr, w.vector_epilogue);
+    EXPECT_EQ(s.name, w.name);
+  }
+  EXPECT_EQ(cpu::best_kernel_path(none), KernelPath::kPortable);
+  EXPECT_EQ(cpu::best_kernel_path(amx), KernelPath::kAmx);
+  // A forced path: honoured when the features have it, an Unsupported error naming it when not.
+  EXPECT_EQ(cpu::plan_kernels(DType::kBF16, amx, KernelPath::kAvx2).large, kn::gemm_bf16_avx2);
+  EXPECT_EQ(cpu::plan_kernels(DType::kBF16, amx, KernelPath::kPortable).name, "portable");
+  try {
+    (void)cpu::plan_kernels(DType::kBF16, avx512, KernelPath::kAmx);
+    ADD_FAILURE() << "forcing amx on an AVX-512 CPU must throw";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("'amx'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("avx512"), std::string::npos) << e.what();
+  }
+  // Weights the engine does not pack.
+  EXPECT_THROW((void)cpu::plan_kernels(DType::kF16, amx), Unsupported);
+  // The same on this machine's features as grouped_mm uses by default.
+  EXPECT_EQ(cpu::selected_kernel_path(), cpu::best_kernel_path(cpu::detect_cpu_features()));
 }
 
-TEST(CpuEngine, PathSelectionAndErrors) {
+TEST(CpuEngine, PathNamesAndErrors) {
   EXPECT_TRUE(cpu::kernel_path_supported(KernelPath::kPortable));
+  for (KernelPath p : cpu::kAllKernelPaths)
+    EXPECT_EQ(parse_cpu_kernel_path(cpu_kernel_path_name(p)), p);
   EXPECT_EQ(cpu::parse_kernel_path("avx512bf16"), KernelPath::kAvx512Bf16);
   EXPECT_THROW(cpu::parse_kernel_path("sse9"), InvalidInput);
-  const char* old = std::getenv("MOEX_CPU_KERNEL");
-  std::string saved = old ? old : "";
-  ::setenv("MOEX_CPU_KERNEL", "portable", 1);
-  EXPECT_EQ(cpu::selected_kernel_path(), KernelPath::kPortable);
-  EXPECT_EQ(cpu::kernel_path_name(), "portable");
-  ::setenv("MOEX_CPU_KERNEL", "bogus", 1);
-  EXPECT_THROW(cpu::selected_kernel_path(), InvalidInput);
-  ::unsetenv("MOEX_CPU_KERNEL");
-  EXPECT_EQ(cpu::selected_kernel_path(), cpu::best_kernel_path());
-  if (!saved.empty()) ::setenv("MOEX_CPU_KERNEL", saved.c_str(), 1);
-  // fp32 weights never run on the bf16 units.
-  EXPECT_EQ(cpu::kernel_set(KernelPath::kAmx, DType::kF32).name, "avx512");
   // Unpackable dtypes are refused with a reason.
   ExpertsSpec s;
   EXPECT_FALSE(cpu::cpu_engine_unsupported_reason(s, DType::kF16, DType::kF16).empty());
   EXPECT_TRUE(cpu::cpu_engine_unsupported_reason(s, DType::kBF16, DType::kBF16).empty());
+}
+
+// grouped_mm on a forced path (what `moex bench experts --cpu-kernel` registers) computes exactly
+// what the engine computes on that path, and says why when this CPU lacks the path.
+TEST(CpuEngine, GroupedMmOnForcedPath) {
+  const uint64_t seed = 8300;
+  ExpertsSpec s;
+  s.num_experts = 5;
+  s.hidden = 40;
+  s.intermediate = 24;
+  for (KernelPath path : cpu::kAllKernelPaths) {
+    auto backend = make_cpu_grouped_mm_backend(path);
+    const std::string reason = backend->unsupported_reason(s, DType::kBF16, Device::cpu());
+    if (!cpu::kernel_path_supported(path)) {
+      EXPECT_NE(reason.find(std::string(cpu::kernel_path_name(path))), std::string::npos) << reason;
+      continue;
+    }
+    EXPECT_EQ(reason, "");
+    EXPECT_FALSE(backend->unsupported_reason(s, DType::kF16, Device::cpu()).empty());
+    for (DType dt : {DType::kBF16, DType::kF32}) {
+      ExpertsWeights w = random_experts_weights(s, dt, seed);
+      Routing r = random_routing(s, 19, 2, dt, seed, RoutingCase::kRandom);
+      const std::string name = "grouped_mm_on_" + std::string(cpu::kernel_path_name(path));
+      register_experts_backend(name, backend);
+      Tensor got = experts_forward(name, s, w, r.hidden, r.top_k_index, r.top_k_weights);
+      Tensor want = run_engine(*cpu::prepare_cpu_experts(s, w, path), s, w, r);
+      ASSERT_EQ(std::memcmp(got.raw(), want.raw(), want.nbytes()), 0)
+          << cpu::kernel_path_name(path) << " " << dtype_name(dt) << " seed=" << seed;
+    }
+  }
 }
 
 // The split of work over threads must not change a single bit (slot-ordered combine).

@@ -6,7 +6,10 @@
 // of the caches (CPU: a buffer several times the last-level cache is streamed before every timed
 // run; CUDA: the L2 is flushed before every timed run), so the floor is the honest DRAM/HBM one.
 // Check: eager's rows for a sample of tokens against the float64 reference, every other backend
-// against eager on the same tokens (a token's output depends only on its own inputs).
+// against eager on the same tokens (a token's output depends only on its own inputs); where CUDA
+// graph replays are timed, the output of a replay is checked too. A row that was not checked
+// (--no-check, T = 0) says so: "unchecked" in the table, null in JSON.
+// Uses the public API only (moex/...): ceilings and CUDA timing come from moex/bench.hpp.
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +19,7 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -23,13 +27,11 @@
 
 #include "cli/args.hpp"
 #include "cli/command.hpp"
-#include "cpu/engine.hpp"
+#include "moex/bench.hpp"
 #include "moex/check.hpp"
+#include "moex/cpu_kernels.hpp"
 #include "moex/error.hpp"
 #include "moex/experts.hpp"
-#ifdef MOEX_WITH_CUDA
-#include "cuda/runtime.hpp"
-#endif
 
 namespace moex::cli {
 namespace {
@@ -122,6 +124,15 @@ class CacheEvictor {
   volatile uint64_t sink_ = 0;
 };
 
+// --graph: time direct launches, CUDA graph replays, or both.
+enum class GraphMode : unsigned char { kOff, kOn, kBoth };
+GraphMode parse_graph_mode(const std::string& s) {
+  if (s == "off") return GraphMode::kOff;
+  if (s == "on") return GraphMode::kOn;
+  if (s == "both") return GraphMode::kBoth;
+  throw InvalidInput("--graph must be off, on or both, not '" + s + "'");
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -148,7 +159,7 @@ int run_bench_experts(const std::vector<std::string>& argv) {
   Args a(argv,
          {"device", "shape", "experts", "top-k", "hidden", "intermediate", "dtype", "tokens",
           "backends", "graph", "bandwidth-gbs", "peak-tflops", "min-iters", "budget-s", "seed",
-          "check-tokens"},
+          "check-tokens", "cpu-kernel"},
          {"json", "no-check"});
   Device dev = parse_device(a.get_or("device", "cpu"));
   DType dt = parse_dtype(a.get_or("dtype", "bfloat16"));
@@ -177,13 +188,19 @@ int run_bench_experts(const std::vector<std::string>& argv) {
     for (auto& n : experts_backend_names())
       if (get_experts_backend(n)->unsupported_reason(ExpertsSpec{}, dt, dev).empty())
         backends.push_back(n);
-  std::string graph_mode = a.get_or("graph", dev.is_cuda() ? "both" : "off");
-  if (graph_mode != "off" && graph_mode != "on" && graph_mode != "both")
-    throw InvalidInput("--graph must be off, on or both");
-  if (!dev.is_cuda() && graph_mode != "off")
+  const GraphMode graph_mode = parse_graph_mode(a.get_or("graph", dev.is_cuda() ? "both" : "off"));
+  if (!dev.is_cuda() && graph_mode != GraphMode::kOff)
     throw InvalidInput("--graph on|both needs --device cuda (graphs are CUDA graphs)");
   const bool json = a.has("json"), check = !a.has("no-check");
   const uint64_t seed = uint64_t(a.get_int("seed", 1));
+  // --cpu-kernel: grouped_mm on the CPU runs that kernel path (registered explicitly for this
+  // process), and the peak ceiling is the one of that path's family.
+  std::optional<CpuKernelPath> cpu_kernel;
+  if (a.has("cpu-kernel")) {
+    if (!dev.is_cpu()) throw InvalidInput("--cpu-kernel needs --device cpu");
+    cpu_kernel = parse_cpu_kernel_path(a.require("cpu-kernel"));
+    register_experts_backend("grouped_mm", make_cpu_grouped_mm_backend(*cpu_kernel));
+  }
 
   ExpertsSpec spec;
   spec.num_experts = sh.E;
@@ -210,24 +227,14 @@ int run_bench_experts(const std::vector<std::string>& argv) {
 
   // Ceilings, measured here unless given.
   double bw_gbs = a.get_double("bandwidth-gbs", 0), peak_tflops = a.get_double("peak-tflops", 0);
-  std::string kernel = "portable";
-  if (dev.is_cpu()) {
-    if (bw_gbs <= 0) bw_gbs = cpu::measure_dram_read_gbs();
-    if (peak_tflops <= 0) peak_tflops = cpu::measure_kernel_peak_gflops(dt) / 1e3;
-    kernel = std::string(cpu::kernel_path_name());
-  } else {
-#ifdef MOEX_WITH_CUDA
-    if (cuda::device_count() == 0) throw Unsupported("--device cuda: no CUDA GPU is visible");
-    if (bw_gbs <= 0 || peak_tflops <= 0) {
-      cuda::Ceilings c = cuda::measure_ceilings(dt);
-      if (bw_gbs <= 0) bw_gbs = c.bandwidth_gbs;
-      if (peak_tflops <= 0) peak_tflops = c.peak_tflops;
-    }
-    kernel = cuda::device_info(dev.index).name;
-#else
-    throw Unsupported("--device " + dev.str() + ": this moex was built without CUDA");
-#endif
-  }
+  CeilingsOptions copt;
+  copt.bandwidth = bw_gbs <= 0;
+  copt.peak = peak_tflops <= 0;
+  copt.cpu_kernel = cpu_kernel;
+  const Ceilings ceilings = measure_ceilings(dev, dt, copt);
+  if (copt.bandwidth) bw_gbs = ceilings.bandwidth_gbps();
+  if (copt.peak) peak_tflops = ceilings.peak_tflops;
+  const std::string kernel = ceilings.unit;
   if (!json)
     std::printf("# shape %s (E=%lld k=%lld H=%lld I=%lld) %s on %s [%s]; ceilings: %.1f GB/s, "
                 "%.1f TFLOP/s\n",
@@ -281,30 +288,38 @@ int run_bench_experts(const std::vector<std::string>& argv) {
                     std::to_string(err) + " (tolerance " + std::to_string(tol) + ") at T=" +
                     std::to_string(T));
     }
+    const bool checked = check && T > 0;
+    // Relative error of `out`'s sample rows against eager's; throws naming the check when it
+    // exceeds the tolerance, so that a wrong result is never timed.
+    auto check_rows = [&](const Tensor& out, const std::string& b, const char* how) {
+      const double err = rel_l2_error(take_rows(out, rows), eager_rows);
+      const double tol = 2 * experts_tolerance(dt, std::max(sh.H, sh.I));
+      if (!(err <= tol))
+        throw Error("check failed: backend '" + b + "'" + how + " differs from eager by " +
+                    std::to_string(err) + " (tolerance " + std::to_string(tol) + ") at T=" +
+                    std::to_string(T) + "; not timing a wrong result");
+      return err;
+    };
     for (const std::string& b : backends) {
-      Tensor out = experts.forward(b, hd, idxd, wd);
-      double err = 0;
-      if (check && T > 0) {
-        err = rel_l2_error(take_rows(out, rows), eager_rows);
-        double tol = 2 * experts_tolerance(dt, std::max(sh.H, sh.I));
-        if (!(err <= tol))
-          throw Error("check failed: backend '" + b + "' differs from eager by " +
-                      std::to_string(err) + " (tolerance " + std::to_string(tol) + ") at T=" +
-                      std::to_string(T) + "; not timing a wrong result");
-      }
+      std::optional<double> err;
+      if (checked) err = check_rows(experts.forward(b, hd, idxd, wd), b, "");
       std::vector<bool> graph_modes;
-      if (graph_mode != "on") graph_modes.push_back(false);
-      if (graph_mode != "off") graph_modes.push_back(true);
+      if (graph_mode != GraphMode::kOn) graph_modes.push_back(false);
+      if (graph_mode != GraphMode::kOff) graph_modes.push_back(true);
       for (bool g : graph_modes) {
         auto fn = [&] { (void)experts.forward(b, hd, idxd, wd); };
         double ms = 0;
+        std::optional<double> row_err = err;
         if (dev.is_cpu()) {
           ms = time_cpu_ms(fn, evictor, min_iters, budget_s);
         } else {
-#ifdef MOEX_WITH_CUDA
           if (g && !get_experts_backend(b)->caps().graph_capturable) continue;
-          ms = cuda::time_ms(fn, g, 3, std::max(min_iters, 20));
-#endif
+          // The replays are what is timed, so a replay's output is what must be right.
+          if (g && checked) {
+            auto call = [&] { return experts.forward(b, hd, idxd, wd); };
+            row_err = check_rows(graph_replay_output(dev, call), b, " replayed from a CUDA graph");
+          }
+          ms = time_cuda_ms(dev, fn, g, 3, std::max(min_iters, 20));
         }
         double frac = ms > 0 ? floor_ms / ms : 0;
         if (json) {
@@ -315,12 +330,15 @@ int run_bench_experts(const std::vector<std::string>& argv) {
                            {"fraction_of_floor", frac}, {"bytes", bytes}, {"flops", flops},
                            {"distinct_experts", r.distinct}, {"bandwidth_gbs", bw_gbs},
                            {"peak_tflops", peak_tflops}, {"kernel", kernel},
-                           {"check_rel_err", err}};
+                           {"check_rel_err",
+                            row_err ? nlohmann::json(*row_err) : nlohmann::json()}};
           std::printf("%s\n", j.dump().c_str());
         } else {
-          std::printf("%-12s %6lld %6s %10.4f %10.4f %8.1f%% %9.2f %9.1f %10.2e\n", b.c_str(),
+          char err_text[32] = "unchecked";
+          if (row_err) std::snprintf(err_text, sizeof err_text, "%.2e", *row_err);
+          std::printf("%-12s %6lld %6s %10.4f %10.4f %8.1f%% %9.2f %9.1f %10s\n", b.c_str(),
                       (long long)T, g ? "on" : "off", ms, floor_ms, 100 * frac,
-                      ms > 0 ? flops / ms / 1e9 : 0, ms > 0 ? bytes / ms / 1e6 : 0, err);
+                      ms > 0 ? flops / ms / 1e9 : 0, ms > 0 ? bytes / ms / 1e6 : 0, err_text);
         }
         std::fflush(stdout);
       }
@@ -334,7 +352,9 @@ int run_bench(const std::vector<std::string>& argv) {
     throw InvalidInput("usage: moex bench experts [--device cpu|cuda] [--shape NAME | --experts E "
                        "--top-k K --hidden H --intermediate I] [--dtype bfloat16|float16|float32] "
                        "[--tokens 1,4,16] [--backends a,b] [--graph off|on|both] [--json] "
-                       "[--bandwidth-gbs X] [--peak-tflops Y] [--min-iters N] [--budget-s S]");
+                       "[--bandwidth-gbs X] [--peak-tflops Y] [--min-iters N] [--budget-s S] "
+                       "[--no-check] [--check-tokens N] [--seed N] "
+                       "[--cpu-kernel amx|avx512bf16|avx512|avx2|portable]");
   return run_bench_experts(std::vector<std::string>(argv.begin() + 1, argv.end()));
 }
 

@@ -41,9 +41,7 @@ class BatchedMmCpu final : public ExpertsBackend {
   }
 };
 
-
 MOEX_REGISTER_EXPERTS_BACKEND("batched_mm", BatchedMmCpu);
 
 }  // namespace
-
 }  // namespace moex::cpu

@@ -24,16 +24,11 @@ class EagerCpu final : public ExpertsBackend {
     ExpertGroups g = group_by_expert(r);
     std::vector<float> pair_out(size_t(r.T * r.k * H), 0.f);
     std::vector<float> x, y;
-    const size_t es = dtype_size(p.hidden.dtype());
-    const char* hid = static_cast<const char*>(p.hidden.raw());
     for (int64_t e = 0; e < s.num_experts; ++e) {
       const int64_t n = g.count(e);
       if (n == 0) continue;
-      const int64_t* pairs = g.pairs.data() + g.offsets[size_t(e)];
-      x.resize(size_t(n * H));
+      gather_expert_rows(p, r, g, e, x);
       y.resize(size_t(n * H));
-      for (int64_t i = 0; i < n; ++i)
-        load_floats(hid + size_t(pairs[i] / r.k * H) * es, p.hidden.dtype(), H, x.data() + i * H);
       // Split the tokens of this expert across threads; each runs the whole MLP on its rows.
 #pragma omp parallel
       {
@@ -43,16 +38,13 @@ class EagerCpu final : public ExpertsBackend {
           expert_mlp_rows(s, *p.weights, e, x.data() + i * H, 1, y.data() + i * H,
                           p.hidden.dtype(), scratch);
       }
-      for (int64_t i = 0; i < n; ++i)
-        std::copy(y.begin() + i * H, y.begin() + (i + 1) * H, pair_out.begin() + pairs[i] * H);
+      scatter_expert_rows(g, e, y.data(), H, pair_out.data());
     }
     combine(r, pair_out.data(), H, out);
   }
 };
 
-
 MOEX_REGISTER_EXPERTS_BACKEND("eager", EagerCpu);
 
 }  // namespace
-
 }  // namespace moex::cpu

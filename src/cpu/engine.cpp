@@ -3,7 +3,6 @@
 
 #include <cpuid.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
@@ -14,17 +13,13 @@
 namespace moex::cpu {
 namespace {
 
-struct CpuFeatures {
-  bool avx2_fma = false, avx512 = false, avx512bf16 = false, amx = false;
-};
-
 uint64_t xgetbv0() {
   uint32_t lo, hi;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   return (uint64_t(hi) << 32) | lo;
 }
 
-CpuFeatures detect_features() {
+CpuFeatures read_cpu_features() {
   CpuFeatures f;
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
@@ -50,37 +45,18 @@ CpuFeatures detect_features() {
   return f;
 }
 
-const CpuFeatures& features() {
-  static const CpuFeatures f = detect_features();
-  return f;
-}
-
 // Below this many rows an AMX call wastes most of a 16-row tile and streams B no faster than
 // VDPBF16PS; measured crossover in docs/cpu.md.
 constexpr int kAmxMinRows = 5;
 
 }  // namespace
 
-std::string_view kernel_path_name(KernelPath p) {
-  switch (p) {
-    case KernelPath::kPortable: return "portable";
-    case KernelPath::kAvx2: return "avx2";
-    case KernelPath::kAvx512: return "avx512";
-    case KernelPath::kAvx512Bf16: return "avx512bf16";
-    case KernelPath::kAmx: return "amx";
-  }
-  return "?";
+const CpuFeatures& detect_cpu_features() {
+  static const CpuFeatures f = read_cpu_features();
+  return f;
 }
 
-KernelPath parse_kernel_path(std::string_view name) {
-  for (KernelPath p : kAllKernelPaths)
-    if (kernel_path_name(p) == name) return p;
-  throw InvalidInput("unknown CPU kernel path '" + std::string(name) +
-                     "'; valid: amx, avx512bf16, avx512, avx2, portable");
-}
-
-bool kernel_path_supported(KernelPath p) {
-  const CpuFeatures& f = features();
+bool kernel_path_supported(KernelPath p, const CpuFeatures& f) {
   switch (p) {
     case KernelPath::kPortable: return true;
     case KernelPath::kAvx2: return f.avx2_fma;
@@ -91,25 +67,28 @@ bool kernel_path_supported(KernelPath p) {
   return false;
 }
 
-KernelPath best_kernel_path() {
+KernelPath best_kernel_path(const CpuFeatures& f) {
   for (KernelPath p : {KernelPath::kAmx, KernelPath::kAvx512Bf16, KernelPath::kAvx512,
                        KernelPath::kAvx2})
-    if (kernel_path_supported(p)) return p;
+    if (kernel_path_supported(p, f)) return p;
   return KernelPath::kPortable;
 }
 
-KernelPath selected_kernel_path() {
-  const char* env = std::getenv("MOEX_CPU_KERNEL");
-  if (env == nullptr || *env == '\0') return best_kernel_path();
-  KernelPath p = parse_kernel_path(env);
-  if (!kernel_path_supported(p))
-    throw Unsupported("MOEX_CPU_KERNEL=" + std::string(env) +
-                      ": this CPU (or OS) cannot run that kernel path; best available is " +
-                      std::string(kernel_path_name(best_kernel_path())));
-  return p;
-}
+bool kernel_path_supported(KernelPath p) { return kernel_path_supported(p, detect_cpu_features()); }
+KernelPath best_kernel_path() { return best_kernel_path(detect_cpu_features()); }
+KernelPath selected_kernel_path() { return best_kernel_path(); }
 
-std::string_view kernel_path_name() { return kernel_path_name(selected_kernel_path()); }
+KernelSet plan_kernels(DType dt, const CpuFeatures& f, std::optional<KernelPath> force) {
+  if (dt != DType::kBF16 && dt != DType::kF32)
+    throw Unsupported("the CPU engine packs bfloat16 and float32 weights, not " +
+                      std::string(dtype_name(dt)));
+  const KernelPath path = force.value_or(best_kernel_path(f));
+  if (!kernel_path_supported(path, f))
+    throw Unsupported("CPU kernel path '" + std::string(kernel_path_name(path)) +
+                      "' cannot run on this CPU; it runs " +
+                      std::string(kernel_path_name(best_kernel_path(f))) + " and below");
+  return kernel_set(path, dt);
+}
 
 KernelSet kernel_set(KernelPath path, DType dt) {
   KernelSet s;
@@ -228,12 +207,9 @@ std::unique_ptr<PreparedCpuExperts> prepare_cpu_experts(const ExpertsSpec& s,
   const DType dt = w.gate_up.dtype();
   if (std::string why = cpu_engine_unsupported_reason(s, dt, dt); !why.empty())
     throw Unsupported(why);
-  if (!kernel_path_supported(path))
-    throw Unsupported("CPU kernel path '" + std::string(kernel_path_name(path)) +
-                      "' cannot run on this machine");
   auto p = std::make_unique<PreparedCpuExperts>();
   p->spec = s;
-  p->kernels = kernel_set(path, dt);
+  p->kernels = plan_kernels(dt, detect_cpu_features(), path);
   const int64_t E = s.num_experts, H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
   // Packed gate_up columns: gated -> blocks of [gate i0..i0+15 | up i0..i0+15]; else up columns.
   p->i_cols = s.has_gate ? round_up(I, kernels::kPanelCols) : round_up(I, kernels::kBlockCols);
@@ -267,3 +243,29 @@ std::unique_ptr<PreparedCpuExperts> prepare_cpu_experts(const ExpertsSpec& s,
 }
 
 }  // namespace moex::cpu
+
+// ---- the public names (moex/cpu_kernels.hpp) ----
+namespace moex {
+
+std::string_view cpu_kernel_path_name(CpuKernelPath p) {
+  switch (p) {
+    case CpuKernelPath::kPortable: return "portable";
+    case CpuKernelPath::kAvx2: return "avx2";
+    case CpuKernelPath::kAvx512: return "avx512";
+    case CpuKernelPath::kAvx512Bf16: return "avx512bf16";
+    case CpuKernelPath::kAmx: return "amx";
+  }
+  return "?";
+}
+
+CpuKernelPath parse_cpu_kernel_path(std::string_view name) {
+  for (CpuKernelPath p : kAllCpuKernelPaths)
+    if (cpu_kernel_path_name(p) == name) return p;
+  throw InvalidInput("unknown CPU kernel path '" + std::string(name) +
+                     "'; valid: amx, avx512bf16, avx512, avx2, portable");
+}
+
+bool cpu_kernel_path_supported(CpuKernelPath p) { return cpu::kernel_path_supported(p); }
+CpuKernelPath default_cpu_kernel_path() { return cpu::selected_kernel_path(); }
+
+}  // namespace moex

@@ -6,10 +6,11 @@
 //   16 up columns of the same intermediate indices], whatever the checkpoint layout (concatenated
 //   or interleaved, [N, K] or transposed [K, N]). So gate, up and the activation fuse into one
 //   pass that writes the activated intermediate, already rounded to the activation dtype.
-// - One kernel path is chosen at run time from cpuid (and, for AMX, the Linux permission to use
-//   tile data): amx > avx512bf16 > avx512 > avx2 > portable. MOEX_CPU_KERNEL=<name> forces a
-//   path (read when experts are prepared); an explicit path argument does the same for tests.
-//   fp32 weights never use the bf16 units: amx / avx512bf16 run fp32 with the avx512 kernel.
+// - One kernel path is chosen when experts are prepared, by a pure function (plan_kernels) of the
+//   weight dtype and the CPU's features (cpuid and, for AMX, the Linux permission to use tile
+//   data): amx > avx512bf16 > avx512 > avx2 > portable. Only an explicit argument forces another
+//   path (tests, the bench); no environment variable does. fp32 weights never use the bf16
+//   units: amx / avx512bf16 run fp32 with the avx512 kernel.
 // - grouped: tokens are sorted by expert (counting sort, stable: deterministic), each expert's
 //   rows are one GEMM, in panels of <= 256 rows that stay in L2; the work of a phase is the list
 //   of (panel, 32-column block) units, handed out by guided self-scheduling (large contiguous
@@ -27,42 +28,60 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include "cpu/kernels/kernels.hpp"
+#include "moex/cpu_kernels.hpp"
 #include "moex/experts.hpp"
 
 namespace moex::cpu {
 
-enum class KernelPath : uint8_t { kPortable, kAvx2, kAvx512, kAvx512Bf16, kAmx };
-constexpr KernelPath kAllKernelPaths[] = {KernelPath::kPortable, KernelPath::kAvx2,
-                                          KernelPath::kAvx512, KernelPath::kAvx512Bf16,
-                                          KernelPath::kAmx};
+using KernelPath = CpuKernelPath;  // the public names (moex/cpu_kernels.hpp)
+inline constexpr const auto& kAllKernelPaths = kAllCpuKernelPaths;
 
-std::string_view kernel_path_name(KernelPath p);  // "amx", "avx512bf16", "avx512", "avx2", "portable"
-// Throws InvalidInput listing the valid names.
-KernelPath parse_kernel_path(std::string_view name);
-// Whether this CPU (and OS, for AMX) runs the path.
+inline std::string_view kernel_path_name(KernelPath p) { return cpu_kernel_path_name(p); }
+inline KernelPath parse_kernel_path(std::string_view name) { return parse_cpu_kernel_path(name); }
+
+// What a CPU and its OS offer the engine (cpuid, xgetbv and, for AMX, the Linux permission to use
+// tile data). Each flag implies the ones before it.
+struct CpuFeatures {
+  bool avx2_fma = false, avx512 = false, avx512bf16 = false, amx = false;
+};
+// This machine's, read once per process (the AMX permission request is the only side effect).
+const CpuFeatures& detect_cpu_features();
+bool kernel_path_supported(KernelPath p, const CpuFeatures& f);
+// Preference order amx > avx512bf16 > avx512 > avx2 > portable.
+KernelPath best_kernel_path(const CpuFeatures& f);
+// The same two on this machine.
 bool kernel_path_supported(KernelPath p);
 KernelPath best_kernel_path();
-// MOEX_CPU_KERNEL when set (throws Unsupported when this machine cannot run it), else the best.
+// The path grouped_mm packs for by default: best_kernel_path(). Only a caller's explicit
+// argument chooses another (prepare_cpu_experts, make_cpu_grouped_mm_backend).
 KernelPath selected_kernel_path();
-// Name of selected_kernel_path() (what `moex bench experts --device cpu` reports).
-std::string_view kernel_path_name();
 
 // The kernels a path runs for one weight dtype (kBF16 or kF32).
 struct KernelSet {
   KernelPath path = KernelPath::kPortable;  // as requested
   DType dtype = DType::kF32;
-  kernels::GemmFn small = nullptr;  // row chunks of at most small_max_rows rows
-  kernels::GemmFn large = nullptr;  // longer row chunks
+  kernels::GemmFn small = nullptr;  // panels of at most small_max_rows rows
+  kernels::GemmFn large = nullptr;  // larger panels
   int small_max_rows = 0;
   kernels::GatedRowsFn gated_silu = nullptr;  // vectorized SiLU epilogue (writes the
                                               // activation dtype), null: scalar
   kernels::SumRowsFn sum_rows = nullptr;      // vectorized combine, null: scalar
   std::string_view name;            // e.g. "amx+avx512bf16", "avx512"
 };
+// The kernels of `path` for `weight_dtype` (kBF16 or kF32); fp32 data never runs on a bf16 unit.
 KernelSet kernel_set(KernelPath path, DType weight_dtype);
+
+// The kernel choice of one experts layer, a pure function of the weight dtype, the CPU's features
+// and an optional forced path (tests, `moex bench experts --cpu-kernel`): kernel_set(force or
+// best_kernel_path(f), weight_dtype). It does not depend on the layer's shape: per call, the
+// engine runs `small` or `large` by the rows of each panel (small_max_rows). Throws Unsupported
+// for weights other than bf16 / fp32, and when `f` lacks the forced path.
+KernelSet plan_kernels(DType weight_dtype, const CpuFeatures& f,
+                       std::optional<KernelPath> force = std::nullopt);
 
 // E matrices of logical shape [N, K] (y = x W^T), packed as kernels.hpp describes: n_pad is a
 // multiple of 32, k_pad of 32 (bf16) or K (fp32); padding is zero.
@@ -95,7 +114,7 @@ class PreparedCpuExperts : public PreparedExperts {
 };
 
 // Packs the weights for `path` (bf16 or fp32 weights). Throws Unsupported for other dtypes or
-// quantized weights, and when the machine cannot run `path`.
+// quantized weights, and when this machine cannot run `path`.
 std::unique_ptr<PreparedCpuExperts> prepare_cpu_experts(const ExpertsSpec& spec,
                                                         const ExpertsWeights& weights,
                                                         KernelPath path);
@@ -111,8 +130,9 @@ void run_cpu_experts(const PreparedCpuExperts& prepared, const ExpertsProblem& p
 // Read bandwidth of a buffer far larger than the last-level cache, all OpenMP threads, GB/s
 // (1e9 bytes per second); best of a few passes.
 double measure_dram_read_gbs();
-// Peak of the selected kernel family for weights of `dtype` (kBF16: AMX tiles / VDPBF16PS /
-// widened FMA; kF32: FMA), register-resident, all OpenMP threads, GFLOP/s.
-double measure_kernel_peak_gflops(DType dtype);
+// Peak of the kernel family `path` runs for weights of `dtype` (kBF16: AMX tiles / VDPBF16PS /
+// widened FMA; kF32: FMA), register-resident, all OpenMP threads, GFLOP/s. Throws Unsupported
+// when this machine cannot run `path`.
+double measure_kernel_peak_gflops(DType dtype, KernelPath path);
 
 }  // namespace moex::cpu

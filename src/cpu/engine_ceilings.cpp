@@ -8,10 +8,12 @@
 #include <chrono>
 #include <cstring>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "cpu/big_alloc.hpp"
 #include "cpu/engine.hpp"
+#include "moex/error.hpp"
 
 namespace moex::cpu {
 namespace {
@@ -123,8 +125,10 @@ double measure_dram_read_gbs() {
   return double(bytes) / t / 1e9;
 }
 
-double measure_kernel_peak_gflops(DType dtype) {
-  const KernelPath path = selected_kernel_path();
+double measure_kernel_peak_gflops(DType dtype, KernelPath path) {
+  if (!kernel_path_supported(path))
+    throw Unsupported("CPU kernel path '" + std::string(kernel_path_name(path)) +
+                      "' cannot run on this CPU");
   double (*loop)(int64_t) = nullptr;
   int64_t iters = 0;
   const bool bf16 = dtype != DType::kF32;

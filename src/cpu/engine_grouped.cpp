@@ -137,6 +137,9 @@ struct CallContext {
   // T = 4096, measured); small (decode) buffers stay cached for the combine.
   bool stream_y;
 };
+// The phases of a call, in order; each has its work queue, and the profile its time stamp.
+enum Phase : int { kGather, kGateUp, kDown, kCombine, kPhases };
+
 // ybuf size from which down streams its stores (and H must be a multiple of 16).
 constexpr size_t kStreamYBytes = size_t(16) << 20;
 
@@ -359,41 +362,41 @@ void run_typed(const PreparedCpuExperts& p, const ExpertsProblem& pr, Tensor& ou
   T* o = out.data<T>();
   // MOEX_CPU_PROFILE=1 prints the time of each phase (kernel lab use; off by default).
   static const bool profile = std::getenv("MOEX_CPU_PROFILE") != nullptr;
-  double stamp[5] = {omp_get_wtime(), 0, 0, 0, 0};
+  double stamp[kPhases + 1] = {omp_get_wtime()};  // stamp[ph]: phase ph starts
 
   const int nt_max = omp_get_max_threads();
-  WorkQueue queues[4];
-  queues[0].reset(rows, 64, nt_max);
-  queues[1].reset(n_act * (p.gate_up.n_pad / kernels::kBlockCols), 1, nt_max);
-  queues[2].reset(n_act * (p.down.n_pad / kernels::kBlockCols), 1, nt_max);
-  queues[3].reset(T_, 16, nt_max);
+  WorkQueue queues[kPhases];
+  queues[kGather].reset(rows, 64, nt_max);
+  queues[kGateUp].reset(n_act * (p.gate_up.n_pad / kernels::kBlockCols), 1, nt_max);
+  queues[kDown].reset(n_act * (p.down.n_pad / kernels::kBlockCols), 1, nt_max);
+  queues[kCombine].reset(T_, 16, nt_max);
 #pragma omp parallel
   {
     const int tid = omp_get_thread_num();
     alignas(64) float c[kUnitScratchFloats];
     // gather: row r <- hidden[token of its slot], K padding zeroed
     int64_t r0, r1;
-    while (queues[0].grab(&r0, &r1)) {
+    while (queues[kGather].grab(&r0, &r1)) {
       T* xa = static_cast<T*>(cx.xa);
       for (int64_t r = r0; r < r1; ++r) {
         T* dst = xa + r * cx.xa_ld;
         std::memcpy(dst, hidden + (row_slot[r] / k) * H, sizeof(T) * size_t(H));
         std::memset(dst + H, 0, sizeof(T) * size_t(cx.xa_ld - H));
       }
-      queues[0].finish(r1 - r0);
+      queues[kGather].finish(r1 - r0);
     }
-    queues[0].wait_all();
-    if (tid == 0) stamp[1] = omp_get_wtime();
-    gate_up_phase<T>(cx, queues[1], c);
-    queues[1].wait_all();
-    if (tid == 0) stamp[2] = omp_get_wtime();
-    down_phase<T>(cx, queues[2], c);
-    queues[2].wait_all();
-    if (tid == 0) stamp[3] = omp_get_wtime();
+    queues[kGather].wait_all();
+    if (tid == 0) stamp[kGateUp] = omp_get_wtime();
+    gate_up_phase<T>(cx, queues[kGateUp], c);
+    queues[kGateUp].wait_all();
+    if (tid == 0) stamp[kDown] = omp_get_wtime();
+    down_phase<T>(cx, queues[kDown], c);
+    queues[kDown].wait_all();
+    if (tid == 0) stamp[kCombine] = omp_get_wtime();
     // combine: a token's valid slots in order j = 0..k-1, fp32, one rounding
     constexpr int64_t kChunk = 256;
     int64_t t0, t1;
-    while (queues[3].grab(&t0, &t1))
+    while (queues[kCombine].grab(&t0, &t1))
     for (int64_t t = t0; t < t1; ++t) {
       if (p.kernels.sum_rows && k <= kMaxTopK) {
         const float* src[kMaxTopK];
@@ -417,10 +420,13 @@ void run_typed(const PreparedCpuExperts& p, const ExpertsProblem& pr, Tensor& ou
     }
   }
   if (profile) {
-    stamp[4] = omp_get_wtime();
-    std::fprintf(stderr, "[moex cpu] T=%ld rows=%ld panels=%ld ms: gather %.3f gate_up %.3f down %.3f combine %.3f\n",
-                 long(T_), long(rows), long(n_act), 1e3 * (stamp[1] - stamp[0]),
-                 1e3 * (stamp[2] - stamp[1]), 1e3 * (stamp[3] - stamp[2]), 1e3 * (stamp[4] - stamp[3]));
+    stamp[kPhases] = omp_get_wtime();
+    auto ms = [&](Phase ph) { return 1e3 * (stamp[ph + 1] - stamp[ph]); };
+    std::fprintf(stderr,
+                 "[moex cpu] T=%ld rows=%ld panels=%ld ms: gather %.3f gate_up %.3f down %.3f "
+                 "combine %.3f\n",
+                 long(T_), long(rows), long(n_act), ms(kGather), ms(kGateUp), ms(kDown),
+                 ms(kCombine));
   }
 }
 

@@ -52,6 +52,24 @@ ExpertGroups group_by_expert(const RoutingView& r) {
   return g;
 }
 
+void gather_expert_rows(const ExpertsProblem& p, const RoutingView& r, const ExpertGroups& g,
+                        int64_t e, std::vector<float>& x) {
+  const int64_t H = p.spec->hidden, n = g.count(e);
+  const int64_t* pairs = g.pairs.data() + g.offsets[size_t(e)];
+  const size_t es = dtype_size(p.hidden.dtype());
+  const char* hid = static_cast<const char*>(p.hidden.raw());
+  x.resize(size_t(n * H));
+  for (int64_t i = 0; i < n; ++i)
+    load_floats(hid + size_t(pairs[i] / r.k * H) * es, p.hidden.dtype(), H, x.data() + i * H);
+}
+
+void scatter_expert_rows(const ExpertGroups& g, int64_t e, const float* y, int64_t H,
+                         float* pair_out) {
+  const int64_t* pairs = g.pairs.data() + g.offsets[size_t(e)];
+  for (int64_t i = 0; i < g.count(e); ++i)
+    std::memcpy(pair_out + pairs[i] * H, y + i * H, sizeof(float) * size_t(H));
+}
+
 MatrixView gate_up_view(const ExpertsSpec& s, const ExpertsWeights& w, int64_t e) {
   const int64_t R = s.gate_up_rows(), H = s.hidden;
   size_t es = dtype_size(w.gate_up.dtype());

@@ -37,6 +37,13 @@ struct ExpertGroups {
 };
 ExpertGroups group_by_expert(const RoutingView& r);
 
+// The rows expert e computes: x = the hidden rows of its pairs as fp32, [count(e), H] (resized).
+void gather_expert_rows(const ExpertsProblem& p, const RoutingView& r, const ExpertGroups& g,
+                        int64_t e, std::vector<float>& x);
+// And where they go: pair_out row of pair i of expert e = y row i (y: [count(e), H]).
+void scatter_expert_rows(const ExpertGroups& g, int64_t e, const float* y, int64_t H,
+                         float* pair_out);
+
 // One expert's weight matrix as a strided view: W(n, c) = base[n*sn + c*sk], shape [N, K].
 struct MatrixView {
   const void* base;

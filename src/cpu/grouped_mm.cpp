@@ -2,8 +2,8 @@
 // product on weights packed once at prepare time, fuse gate/up with the activation, un-permute by
 // writing each result to its pair's row, then combine in slot order. The work runs on the CPU
 // engine (src/cpu/engine.hpp: AMX / AVX512-BF16 / AVX-512 / AVX2 / portable kernels picked at run
-// time, MOEX_CPU_KERNEL forces one). Weights the engine does not pack (float16) run the portable
-// grouped loop below, with the same numerics.
+// time; make_cpu_grouped_mm_backend(path) in moex/cpu_kernels.hpp runs a chosen one). Weights the
+// engine does not pack (float16) run the portable grouped loop below, with the same numerics.
 #include <vector>
 
 #include "cpu/backends.hpp"
@@ -47,8 +47,6 @@ class GroupedMmCpu final : public ExpertsBackend {
     RoutingView r(p);
     ExpertGroups g = group_by_expert(r);
     std::vector<float> pair_out(size_t(r.T * r.k * H), 0.f);
-    const size_t es = dtype_size(p.hidden.dtype());
-    const char* hid = static_cast<const char*>(p.hidden.raw());
 #pragma omp parallel
     {
       std::vector<float> x, y, scratch;
@@ -56,23 +54,17 @@ class GroupedMmCpu final : public ExpertsBackend {
       for (int64_t e = 0; e < s.num_experts; ++e) {
         const int64_t n = g.count(e);
         if (n == 0) continue;
-        const int64_t* pairs = g.pairs.data() + g.offsets[size_t(e)];
-        x.resize(size_t(n * H));
+        gather_expert_rows(p, r, g, e, x);
         y.resize(size_t(n * H));
-        for (int64_t i = 0; i < n; ++i)
-          load_floats(hid + size_t(pairs[i] / r.k * H) * es, p.hidden.dtype(), H, x.data() + i * H);
         expert_mlp_rows(s, *p.weights, e, x.data(), n, y.data(), p.hidden.dtype(), scratch);
-        for (int64_t i = 0; i < n; ++i)
-          std::copy(y.begin() + i * H, y.begin() + (i + 1) * H, pair_out.begin() + pairs[i] * H);
+        scatter_expert_rows(g, e, y.data(), H, pair_out.data());
       }
     }
     combine(r, pair_out.data(), H, out);
   }
 };
 
-
 MOEX_REGISTER_EXPERTS_BACKEND("grouped_mm", GroupedMmCpu);
 
 }  // namespace
-
 }  // namespace moex::cpu

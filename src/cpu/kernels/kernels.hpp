@@ -2,7 +2,7 @@
 // launcher tier and docs/cpu.md for the measurements behind the choices).
 //
 // Every kernel computes one block C[m, 32] = A[m, K] * B[K, 32] with float32 accumulation, where
-// B is two consecutive 16-column *panels* of a packed weight matrix (packing.hpp):
+// B is two consecutive 16-column *panels* of a packed weight matrix (packed in engine.cpp):
 //   bf16 weights: "pair" layout [K/2][16][2]: row p of a panel holds, for 16 output columns,
 //                 the two bf16 values W[n][2p], W[n][2p+1]. This is the VNNI layout that both
 //                 AMX TDPBF16PS (a 16 x 32 B tile is 1 KiB of consecutive rows) and AVX512-BF16
@@ -14,7 +14,7 @@
 // (the AMX path loads whole 16-row tiles) but never influence rows < m, so A buffers carry a
 // tail of kRowSlack readable rows.
 //
-// Each file compiles its kernels with a function-level target attribute, not a global -m flag,
+// Each file compiles its kernels inside a target region (target.hpp), not with a global -m flag,
 // so the library runs on any x86-64 and picks a path at run time (engine.cpp).
 #pragma once
 

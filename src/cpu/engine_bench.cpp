@@ -1,0 +1,67 @@
+// moex/bench.hpp: the CPU ceilings (engine_ceilings.cpp) and the dispatch to the CUDA side
+// (src/cuda/bench_ceilings.cpp) where the build has it.
+#include "moex/bench.hpp"
+
+#include <string>
+
+#include "cpu/engine.hpp"
+#include "moex/error.hpp"
+#ifdef MOEX_WITH_CUDA
+#include "cuda/bench_ceilings.hpp"
+#endif
+
+namespace moex {
+namespace {
+
+[[maybe_unused, noreturn]] void no_cuda(Device device) {
+  throw Unsupported(device.str() + ": this moex was built without CUDA");
+}
+
+}  // namespace
+
+Ceilings measure_ceilings(Device device, DType dtype, const CeilingsOptions& options) {
+  if (device.is_cuda()) {
+#ifdef MOEX_WITH_CUDA
+    return cuda::bench_ceilings(device, dtype, options);
+#else
+    no_cuda(device);
+#endif
+  }
+  if (!device.is_cpu())
+    throw Unsupported("ceilings are measured on the CPU and on CUDA devices, not on " +
+                      device.str());
+  const cpu::KernelPath path = options.cpu_kernel.value_or(cpu::selected_kernel_path());
+  if (!cpu::kernel_path_supported(path))
+    throw Unsupported("CPU kernel path '" + std::string(cpu::kernel_path_name(path)) +
+                      "' cannot run on this CPU; it runs " +
+                      std::string(cpu::kernel_path_name(cpu::best_kernel_path())) + " and below");
+  Ceilings c;
+  c.unit = std::string(cpu::kernel_path_name(path));
+  if (options.bandwidth) c.read_gbps = cpu::measure_dram_read_gbs();
+  if (options.peak) c.peak_tflops = cpu::measure_kernel_peak_gflops(dtype, path) / 1e3;
+  return c;
+}
+
+double time_cuda_ms(Device device, const std::function<void()>& fn, bool use_graph, int warmup,
+                    int iters) {
+  if (!device.is_cuda()) throw Unsupported("time_cuda_ms needs a CUDA device, not " + device.str());
+#ifdef MOEX_WITH_CUDA
+  return cuda::bench_time_ms(device, fn, use_graph, warmup, iters);
+#else
+  (void)fn, (void)use_graph, (void)warmup, (void)iters;
+  no_cuda(device);
+#endif
+}
+
+Tensor graph_replay_output(Device device, const std::function<Tensor()>& fn) {
+  if (!device.is_cuda())
+    throw Unsupported("graph_replay_output needs a CUDA device, not " + device.str());
+#ifdef MOEX_WITH_CUDA
+  return cuda::bench_graph_replay_output(device, fn);
+#else
+  (void)fn;
+  no_cuda(device);
+#endif
+}
+
+}  // namespace moex
