@@ -4,11 +4,13 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -99,19 +101,47 @@ TEST_F(Cli, GenerateGreedyMatchesTransformersWithEveryBackend) {
 }
 
 TEST_F(Cli, GenerateSamplingIsSeeded) {
-  const std::string args = "generate --model " + model("mixtral") +
-                           " --prompt-ids 5,6,7 --max-new-tokens 6 --temperature 0.9 --top-k 50 --top-p 0.95 --seed 11";
-  Result a = run(args), b = run(args);
-  ASSERT_EQ(a.exit_code, 0) << a.err;
-  EXPECT_EQ(nlohmann::json::parse(a.out)["sequences"], nlohmann::json::parse(b.out)["sequences"]);
+  const std::string base = "generate --model " + model("mixtral") + " --prompt-ids 5,6,7 --max-new-tokens 8";
+  const std::string sampling = base + " --temperature 0.9 --top-k 50 --top-p 0.95 --seed ";
+  auto tokens = [&](const std::string& args) {
+    Result r = run(args);
+    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.err;
+    return r.exit_code == 0 ? nlohmann::json::parse(r.out)["sequences"][0].get<std::vector<int64_t>>()
+                            : std::vector<int64_t>{};
+  };
+  const auto a = tokens(sampling + "11"), b = tokens(sampling + "11");
+  ASSERT_EQ(a.size(), 11u);
+  EXPECT_EQ(a, b) << "the same seed gave different samples";
+  EXPECT_EQ(std::vector<int64_t>(a.begin(), a.begin() + 3), (std::vector<int64_t>{5, 6, 7}));
+  // The seed and the sampling are used: another seed, and greedy decoding, give other tokens
+  // (checked once on the fixture; with 8 tokens from a flat random model a match is chance).
+  EXPECT_NE(a, tokens(sampling + "12")) << "--seed had no effect";
+  EXPECT_NE(a, tokens(base + " --greedy")) << "sampling gave the greedy tokens";
 }
 
+// bf16 generation against transformers: its bf16 logits (reference.safetensors, the bf16
+// checkpoint run in bf16) at the prompt's last position give the first generated token, and the
+// fp32 greedy sequence that transformers recorded gives the rest, as far as bf16 follows it on
+// this fixture (checked: the whole 12-token continuation).
 TEST_F(Cli, GenerateBf16) {
-  Result r = run("generate --model " + model("olmoe", "checkpoint_bf16") + " --prompt-ids 1,2,3 --max-new-tokens 4 --dtype bfloat16");
+  auto ref = reference("olmoe");
+  const auto greedy = ref->get("greedy_fp32").to_int_vector();  // [1, 23]: 11 prompt + 12 new
+  const std::vector<int64_t> prompt(greedy.begin(), greedy.begin() + 11);
+  Result r = run("generate --model " + model("olmoe", "checkpoint_bf16") + " --prompt-ids " +
+                 join(prompt) + " --max-new-tokens 12 --greedy --dtype bfloat16");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["dtype"], "bfloat16");
-  EXPECT_EQ(j["sequences"][0].size(), 7u);
+  const auto seq = j["sequences"][0].get<std::vector<int64_t>>();
+  ASSERT_EQ(seq.size(), greedy.size());
+  // First new token: the argmax of transformers' bf16 logits for row 0 after the prompt.
+  const Tensor logits = ref->get("logits_bf16_eager");  // [2, 11, vocab]
+  const int64_t vocab = logits.size(2);
+  const auto row = logits.slice(0, 0, 1).select(0, 0).select(0, 10).contiguous().to_float_vector();
+  const int64_t first = int64_t(std::max_element(row.begin(), row.end()) - row.begin());
+  ASSERT_LT(first, vocab);
+  EXPECT_EQ(seq[11], first);
+  EXPECT_EQ(seq, greedy);
 }
 
 TEST_F(Cli, LogitsMatchTransformers) {

@@ -1,6 +1,7 @@
 // Every registered CPU backend against the float64 reference, on fresh seeded random inputs:
 // all layout flags, every activation, T = 0/1/7/64/1000, every routing case, [T,k] and [T,E]
 // weights, int32/int64 ids, bf16/f16/f32, ugly sizes. The seed is in every failure message.
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <tuple>
@@ -73,6 +74,29 @@ TEST_P(Consistency, HarnessDetectsAPerturbedWeight) {
   bad.down.data<float>()[7] += 0.05f;
   Tensor out = experts_forward(GetParam(), s, bad, r.hidden, r.top_k_index, r.top_k_weights);
   EXPECT_GT(rel_l2_error(out, ref), experts_tolerance(DType::kF32, 19));
+}
+
+// The same at 16 bits, through the check every suite runs: one weight of down, or of gate_up,
+// moved by the largest weight magnitude of that tensor (a change no larger than one weight) must
+// fail the bf16 and f16 tolerances too. Exactly one failure is expected, the tolerance check's.
+TEST_P(Consistency, HarnessDetectsAPerturbedWeightAt16Bits) {
+  const ExpertsSpec s = make_experts_spec({true, false, false, true}, 4, 19, 13, Activation::kSilu);
+  const WeightsPerturbation down = [](ExpertsWeights& w) { w.down = add_largest_magnitude(w.down, 7); };
+  const WeightsPerturbation gate_up = [](ExpertsWeights& w) {
+    w.gate_up = add_largest_magnitude(w.gate_up, 30);
+  };
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    EXPECT_NONFATAL_FAILURE(check_experts_case_perturbed(Device::cpu(), GetParam(), s, dt, 16, 2,
+                                                         RoutingCase::kEveryExpert, 5001, down),
+                            "(weights perturbed)");
+    EXPECT_NONFATAL_FAILURE(check_experts_case_perturbed(Device::cpu(), GetParam(), s, dt, 16, 2,
+                                                         RoutingCase::kEveryExpert, 5002, gate_up),
+                            "(weights perturbed)");
+    // And unperturbed, the same cases pass: the failures above come from the perturbation.
+    check_case(GetParam(), s, dt, 16, 2, RoutingCase::kEveryExpert, 5001);
+    check_case(GetParam(), s, dt, 16, 2, RoutingCase::kEveryExpert, 5002);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, Consistency,

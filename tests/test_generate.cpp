@@ -77,17 +77,31 @@ TEST(Generate, BatchRowsEqualSingleRuns) {
 
 TEST(Generate, FinishedSequencesArePaddedWithTheirStopToken) {
   auto lm = load();
-  Tensor ids = reference_ids();
-  const auto free_run = lm->generate(ids, greedy(6)).to_int_vector();
-  const size_t L = free_run.size() / 2, T = 11;
-  // Stop on row 0's first generated token; row 1 keeps going unless it emits that token too.
-  GenerationOptions g = greedy(6);
-  const int64_t stop = free_run[T];
+  Tensor ids = reference_ids();  // [2, 11]
+  const size_t T = 11, n = 6;
+  const auto free_run = lm->generate(ids, greedy(int64_t(n))).to_int_vector();
+  ASSERT_EQ(free_run.size(), 2 * (T + n));
+  const std::vector<int64_t> row0(free_run.begin(), free_run.begin() + int64_t(T + n));
+  const std::vector<int64_t> row1(free_run.begin() + int64_t(T + n), free_run.end());
+  // Stop on row 0's first generated token; row 1 keeps going until it emits that token too.
+  const int64_t stop = row0[T];
+  size_t row1_stop = T;
+  while (row1_stop < T + n && row1[row1_stop] != stop) ++row1_stop;
+  // The fixture must leave row 1 running after row 0 stopped, or there is nothing to pad.
+  ASSERT_GT(row1_stop, T) << "row 1 stops at once too; pick another stop token";
+  const size_t len = row1_stop < T + n ? row1_stop + 1 : T + n;  // ends when every row is done
+
+  GenerationOptions g = greedy(int64_t(n));
   g.eos_token_ids = std::vector<int64_t>{stop};
   const auto out = lm->generate(ids, g).to_int_vector();
-  const size_t L2 = out.size() / 2;
-  for (size_t j = T; j < L2; ++j) EXPECT_EQ(out[j], stop) << "position " << j;
-  (void)L;
+  ASSERT_EQ(out.size(), 2 * len) << "generation must run until the last row stops";
+  // Row 0: its prompt, the stop token, then the stop token as padding to the common length.
+  std::vector<int64_t> want0(row0.begin(), row0.begin() + int64_t(T));
+  want0.resize(len, stop);
+  // Row 1: exactly its free run (padding row 0 must not change row 1).
+  const std::vector<int64_t> want1(row1.begin(), row1.begin() + int64_t(len));
+  EXPECT_EQ(std::vector<int64_t>(out.begin(), out.begin() + int64_t(len)), want0);
+  EXPECT_EQ(std::vector<int64_t>(out.begin() + int64_t(len), out.end()), want1);
 }
 
 TEST(Sampling, SameSeedSameTokensAndTopK1IsGreedy) {

@@ -1,6 +1,7 @@
 // Models with their experts on a CUDA device (the rest of the model on the host): logits from
 // every backend against transformers' bf16 logits and against the all-CPU model, and the
-// decode-stage switch on a real GPU. Skips where no CUDA device is visible.
+// decode-stage switch on a real GPU. Skips only where no CUDA device is visible; a backend
+// refusing CUDA fails.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -31,17 +32,25 @@ std::unique_ptr<CausalLM> load(const std::string& model, const std::string& ckpt
   return from_pretrained(test::data_path("hf-tiny/" + model + "/" + ckpt), o);
 }
 
+// Every built-in backend serves CUDA. With a GPU present, a backend that starts refusing it is a
+// failure, not a skip (only the absence of a GPU skips, in SetUp).
+std::unique_ptr<CausalLM> load_on_gpu(const std::string& model, const std::string& backend) {
+  try {
+    return load(model, "checkpoint_bf16", DType::kBF16, Device::cuda(0), backend);
+  } catch (const Unsupported& e) {
+    ADD_FAILURE() << "built-in backend " << backend << " refused CUDA for " << model << ": "
+                  << e.what();
+    return nullptr;
+  }
+}
+
 TEST_P(CudaExperts, Bf16LogitsMatchTransformersAndTheCpuModel) {
   const std::string backend = GetParam();
   for (const char* model : {"qwen2_moe", "mixtral", "olmoe", "qwen3_moe", "deepseek_v3", "gpt_oss"}) {
     auto ref = SafetensorsFile::open(test::data_path(std::string("hf-tiny/") + model + "/reference.safetensors"));
     Tensor ids = ref->get("input_ids");
-    std::unique_ptr<CausalLM> gpu;
-    try {
-      gpu = load(model, "checkpoint_bf16", DType::kBF16, Device::cuda(0), backend);
-    } catch (const Unsupported& e) {
-      GTEST_SKIP() << backend << " on CUDA: " << e.what();
-    }
+    std::unique_ptr<CausalLM> gpu = load_on_gpu(model, backend);
+    ASSERT_NE(gpu, nullptr);
     Tensor g = gpu->logits(ids);
     Tensor c = load(model, "checkpoint_bf16", DType::kBF16, Device::cpu(), backend)->logits(ids);
     const double tol = 8.0 * std::ldexp(1.0, -8);
@@ -52,12 +61,8 @@ TEST_P(CudaExperts, Bf16LogitsMatchTransformersAndTheCpuModel) {
 
 TEST_P(CudaExperts, GenerateRestoresTheMapOnARealGpu) {
   const std::string backend = GetParam();
-  std::unique_ptr<CausalLM> lm;
-  try {
-    lm = load("qwen2_moe", "checkpoint_bf16", DType::kBF16, Device::cuda(0), backend);
-  } catch (const Unsupported& e) {
-    GTEST_SKIP() << backend << " on CUDA: " << e.what();
-  }
+  std::unique_ptr<CausalLM> lm = load_on_gpu("qwen2_moe", backend);
+  ASSERT_NE(lm, nullptr);
   GenerationOptions g;
   g.max_new_tokens = 8;
   Tensor seq = lm->generate(Tensor::from_ints({1, 2, 3, 4}, {1, 4}), g);

@@ -108,7 +108,9 @@ uint8_t float_to_e8m0_ceil(float f) {
   if (!(f > 0.f) || std::isinf(f)) return f == 0.f ? 0 : 0xff;
   uint32_t u = float_bits(f);
   uint32_t exp = u >> 23, man = u & 0x7fffffu;
-  if (exp == 0) return 0;  // subnormals -> smallest
+  // Float subnormals: code 0 is 2^-127 (mantissa 0x400000); anything above it rounds up to 2^-126,
+  // anything below saturates at the smallest code.
+  if (exp == 0) return man > 0x400000u ? 1 : 0;
   if (man != 0) exp += 1;
   return exp >= 0xff ? uint8_t(0xfe) : uint8_t(exp);
 }

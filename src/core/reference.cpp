@@ -1,12 +1,62 @@
 // The float64 reference every backend is checked against: the experts formula of experts.hpp,
 // evaluated in double with the straightforward loops (no grouping, no intermediate rounding).
+//
+// The activations are written out here a second time, in double, on purpose: the backends share
+// core/activation.hpp, and a reference that called the same code could not catch a bug in it.
+#include <algorithm>
+#include <cmath>
 #include <map>
+#include <numbers>
+#include <string>
+#include <vector>
 
-#include "core/activation.hpp"
 #include "moex/error.hpp"
 #include "moex/experts.hpp"
 
 namespace moex {
+namespace {
+
+// Each activation from its textbook definition (PyTorch's formulas), in double.
+double activate(Activation a, double x) {
+  switch (a) {
+    case Activation::kSilu: return x / (1.0 + std::exp(-x));  // x * sigmoid(x)
+    case Activation::kGelu: return 0.5 * x * std::erfc(-x / std::sqrt(2.0));  // x * Phi(x)
+    case Activation::kGeluTanh: {
+      const double c = std::sqrt(2.0 / std::numbers::pi);
+      return 0.5 * x * (1.0 + std::tanh(c * (x + 0.044715 * std::pow(x, 3))));
+    }
+    case Activation::kRelu: return std::max(x, 0.0);
+    case Activation::kSwigluOai: break;  // needs gate and up: see intermediate_row
+  }
+  throw InvalidInput("reference: activation " + std::string(activation_name(a)) +
+                     " has no single-input form");
+}
+
+// The I-wide intermediate from one row `a` of the gate_up product (R values in stored order):
+// ungated: act(a[i]); gated: gate i and up i are a[i] and a[I + i] (concatenated halves) or
+// a[2i] and a[2i + 1] (interleaved); gpt-oss clamps gate above and up on both sides at `limit`
+// and computes (up + 1) * gate * sigmoid(alpha * gate).
+void intermediate_row(const ExpertsSpec& s, const std::vector<double>& a, std::vector<double>& h) {
+  const size_t I = size_t(s.intermediate);
+  for (size_t i = 0; i < I; ++i) {
+    if (!s.has_gate) {
+      h[i] = activate(s.act, a[i]);
+      continue;
+    }
+    const double gate = s.is_concatenated ? a[i] : a[2 * i];
+    const double up = s.is_concatenated ? a[I + i] : a[2 * i + 1];
+    if (s.act == Activation::kSwigluOai) {
+      const double limit = s.swiglu_limit, alpha = s.swiglu_alpha;
+      const double g = std::min(gate, limit);
+      const double u = std::clamp(up, -limit, limit);
+      h[i] = (u + 1.0) * g / (1.0 + std::exp(-alpha * g));
+    } else {
+      h[i] = activate(s.act, gate) * up;
+    }
+  }
+}
+
+}  // namespace
 
 Tensor experts_reference_f64(const ExpertsSpec& s, const ExpertsWeights& w, const Tensor& hidden,
                              const Tensor& idx, const Tensor& tw) {
@@ -55,7 +105,7 @@ Tensor experts_reference_f64(const ExpertsSpec& s, const ExpertsWeights& w, cons
         }
         a[size_t(r)] = acc;
       }
-      detail::activate_row<double>(s, a.data(), h.data());
+      intermediate_row(s, a, h);
       for (int64_t c = 0; c < H; ++c) {
         double acc = s.has_bias ? dnb[size_t(c)] : 0.0;
         for (int64_t i = 0; i < I; ++i) {

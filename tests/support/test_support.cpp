@@ -193,13 +193,17 @@ ExpertsWeights experts_weights_to(const ExpertsWeights& w, Device device) {
   return g;
 }
 
-void check_experts_case(Device device, const std::string& backend, const ExpertsSpec& s,
-                        DType dt, int64_t T, int64_t k, RoutingCase rc, uint64_t seed,
-                        bool per_expert, DType idx_dt) {
+namespace {
+
+void run_experts_case(Device device, const std::string& backend, const ExpertsSpec& s, DType dt,
+                      int64_t T, int64_t k, RoutingCase rc, uint64_t seed, bool per_expert,
+                      DType idx_dt, const WeightsPerturbation& perturb) {
   ExpertsWeights w = random_experts_weights(s, dt, seed);
   Routing r = random_routing(s, T, k, dt, seed, rc, per_expert, idx_dt);
   Tensor ref = experts_reference_f64(s, w, r.hidden, r.top_k_index, r.top_k_weights);
-  Tensor out = experts_forward(backend, s, experts_weights_to(w, device), r.hidden.to(device),
+  ExpertsWeights used = w;
+  if (perturb) perturb(used);
+  Tensor out = experts_forward(backend, s, experts_weights_to(used, device), r.hidden.to(device),
                                r.top_k_index.to(device), r.top_k_weights.to(device));
   ASSERT_EQ(out.device(), device);
   ASSERT_EQ(out.shape(), (Shape{T, s.hidden}));
@@ -209,7 +213,31 @@ void check_experts_case(Device device, const std::string& backend, const Experts
   EXPECT_LE(err, tol) << "backend=" << backend << " device=" << device.str()
                       << " spec=" << s.str() << " dtype=" << dtype_name(dt) << " T=" << T
                       << " k=" << k << " routing=" << routing_case_name(rc)
-                      << " per_expert=" << per_expert << " seed=" << seed;
+                      << " per_expert=" << per_expert << " seed=" << seed
+                      << (perturb ? " (weights perturbed)" : "");
+}
+
+}  // namespace
+
+void check_experts_case(Device device, const std::string& backend, const ExpertsSpec& s,
+                        DType dt, int64_t T, int64_t k, RoutingCase rc, uint64_t seed,
+                        bool per_expert, DType idx_dt) {
+  run_experts_case(device, backend, s, dt, T, k, rc, seed, per_expert, idx_dt, {});
+}
+
+void check_experts_case_perturbed(Device device, const std::string& backend,
+                                  const ExpertsSpec& s, DType dt, int64_t T, int64_t k,
+                                  RoutingCase rc, uint64_t seed,
+                                  const WeightsPerturbation& perturb) {
+  run_experts_case(device, backend, s, dt, T, k, rc, seed, false, DType::kI64, perturb);
+}
+
+Tensor add_largest_magnitude(const Tensor& t, int64_t index) {
+  std::vector<float> v = t.to_float_vector();
+  float largest = 0;
+  for (float x : v) largest = std::max(largest, std::fabs(x));
+  v.at(size_t(index)) += largest;
+  return Tensor::from_floats(v, t.shape(), t.dtype());
 }
 
 }  // namespace moex::test

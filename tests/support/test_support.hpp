@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,19 @@ void check_experts_case(Device device, const std::string& backend, const Experts
                         DType dtype, int64_t tokens, int64_t top_k, RoutingCase routing,
                         uint64_t seed, bool per_expert_weights = false,
                         DType index_dtype = DType::kI64);
+
+// The same case with `perturb` applied to the backend's copy of the (host) weights only, the
+// reference keeping the originals: the harness's self-test, which must fail (wrap it in
+// EXPECT_NONFATAL_FAILURE).
+using WeightsPerturbation = std::function<void(ExpertsWeights&)>;
+void check_experts_case_perturbed(Device device, const std::string& backend,
+                                  const ExpertsSpec& spec, DType dtype, int64_t tokens,
+                                  int64_t top_k, RoutingCase routing, uint64_t seed,
+                                  const WeightsPerturbation& perturb);
+
+// Adds to element `index` of `t` (any float dtype, host) the largest magnitude found in `t`, and
+// rounds the result back to t's dtype: a change no larger than the largest weight.
+Tensor add_largest_magnitude(const Tensor& t, int64_t index);
 
 // The first MoE layer's experts of a fixture checkpoint (tests/data/hf-tiny/<model>), read as the
 // hub stores them (per-expert tensors stacked; gpt_oss fused), fp32, with the spec from meta.json.
