@@ -17,7 +17,7 @@ class ReferenceBackend final : public moex::ExpertsBackend {
  public:
   moex::BackendCaps caps() const override {
     moex::BackendCaps c;
-    c.devices = {moex::DeviceKind::kCPU, moex::DeviceKind::kFakeGpu};
+    c.devices = {moex::DeviceKind::kCPU};
     c.dtypes = {moex::DType::kF32, moex::DType::kBF16, moex::DType::kF16};
     c.description = "float64 reference (example plugin)";
     return c;

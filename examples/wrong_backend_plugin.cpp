@@ -12,7 +12,7 @@ class WrongBackend final : public moex::ExpertsBackend {
  public:
   moex::BackendCaps caps() const override {
     moex::BackendCaps c;
-    c.devices = {moex::DeviceKind::kCPU, moex::DeviceKind::kFakeGpu};
+    c.devices = {moex::DeviceKind::kCPU};
     c.dtypes = {moex::DType::kF32, moex::DType::kBF16, moex::DType::kF16};
     c.description = "deliberately wrong: every contribution counted twice (test plugin)";
     return c;

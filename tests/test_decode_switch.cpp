@@ -1,7 +1,9 @@
 // The decode-stage switch: the pure policy (decode_stage_experts_implementation), and generate()
-// end to end on the test fake GPU with recording backends: prefill runs the chosen backends, the
-// one-token decode steps run batched_mm where grouped_mm was chosen, eager is never touched, CPU
-// never switches, and the caller's map is back after success and after an exception.
+// end to end with recording backends, the switch forced on (DecodeSwitch::kOn, what a CUDA model
+// does by default) so that it runs on the CPU: prefill runs the chosen backends, the one-token
+// decode steps run batched_mm where grouped_mm was chosen, eager is never touched, a CPU model
+// with the default kAuto never switches, and the caller's map is back after success and after an
+// exception. test_model_cuda_experts checks the default on a real GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,14 +25,15 @@ TEST(DecodeStagePolicy, CpuNeverSwitches) {
   EXPECT_EQ(decode_stage_experts_implementation(m, Device::cpu()), m);
 }
 
-TEST(DecodeStagePolicy, GpuLikeFlipsOnlyGroupedMm) {
+TEST(DecodeStagePolicy, GpuOrForcedFlipsOnlyGroupedMm) {
   ExpertsImplementation m{{"", "grouped_mm"}, {"text_config", "eager"}, {"vision_config", "batched_mm"},
                           {"audio_config", "my_plugin"}};
   ExpertsImplementation want{{"", "batched_mm"}, {"text_config", "eager"}, {"vision_config", "batched_mm"},
                              {"audio_config", "my_plugin"}};
-  EXPECT_EQ(decode_stage_experts_implementation(m, Device::fake_gpu()), want);
   EXPECT_EQ(decode_stage_experts_implementation(m, Device::cuda(0)), want);
-  EXPECT_EQ(decode_stage_experts_implementation({}, Device::fake_gpu()), ExpertsImplementation{});
+  EXPECT_EQ(decode_stage_experts_implementation(m, Device::cpu(), DecodeSwitch::kOn), want);
+  EXPECT_EQ(decode_stage_experts_implementation(m, Device::cuda(1), DecodeSwitch::kOff), m);
+  EXPECT_EQ(decode_stage_experts_implementation({}, Device::cuda(0)), ExpertsImplementation{});
 }
 
 // ---- end to end with recording backends ----
@@ -81,7 +84,7 @@ class RecordingBackend final : public ExpertsBackend {
   Recorder* rec_;
 };
 
-class DecodeSwitch : public ::testing::Test {
+class DecodeSwitchGenerate : public ::testing::Test {
  protected:
   void SetUp() override {
     for (const char* n : {"eager", "batched_mm", "grouped_mm"}) {
@@ -101,10 +104,12 @@ class DecodeSwitch : public ::testing::Test {
     return lm;
   }
   Tensor prompt() const { return Tensor::from_ints({5, 17, 300, 42, 8, 9, 77}, {1, 7}); }
-  GenerationOptions options(int64_t n) const {
+  // The switch forced on, as on a GPU (kAuto: the default, which never switches on the CPU).
+  GenerationOptions options(int64_t n, DecodeSwitch sw = DecodeSwitch::kOn) const {
     GenerationOptions g;
     g.max_new_tokens = n;
     g.eos_token_ids = std::vector<int64_t>{};
+    g.decode_switch = sw;
     return g;
   }
 
@@ -112,9 +117,9 @@ class DecodeSwitch : public ::testing::Test {
   std::map<std::string, std::shared_ptr<const ExpertsBackend>> originals_;
 };
 
-TEST_F(DecodeSwitch, FakeGpuFlipsGroupedMmForDecodeOnlyAndRestores) {
+TEST_F(DecodeSwitchGenerate, FlipsGroupedMmForDecodeOnlyAndRestores) {
   const ExpertsImplementation chosen{{"", "eager"}, {"text_config", "grouped_mm"}, {"vision_config", "grouped_mm"}};
-  auto lm = load(Device::fake_gpu(), chosen);
+  auto lm = load(Device::cpu(), chosen);
   Tensor seq = lm->generate(prompt(), options(4));
   ASSERT_EQ(seq.size(1), 7 + 4);
   const int64_t layers = int64_t(lm->info().moe_layers.size());
@@ -135,8 +140,8 @@ TEST_F(DecodeSwitch, FakeGpuFlipsGroupedMmForDecodeOnlyAndRestores) {
 
 // generate prepares both stages' backends before the prefill clock starts (packing used to be
 // counted as prefill time), once: a second generate prepares nothing.
-TEST_F(DecodeSwitch, PreparesBothStagesBeforeThePrefillOnce) {
-  auto lm = load(Device::fake_gpu(), {{"", "grouped_mm"}});
+TEST_F(DecodeSwitchGenerate, PreparesBothStagesBeforeThePrefillOnce) {
+  auto lm = load(Device::cpu(), {{"", "grouped_mm"}});
   const int64_t modules = int64_t(lm->info().moe_layers.size());
   (void)lm->generate(prompt(), options(3));
   ASSERT_EQ(int64_t(rec_.prepares.size()), 2 * modules);
@@ -148,16 +153,16 @@ TEST_F(DecodeSwitch, PreparesBothStagesBeforeThePrefillOnce) {
   EXPECT_EQ(int64_t(rec_.prepares.size()), 2 * modules);
 }
 
-TEST_F(DecodeSwitch, SwitchedDecodeGivesTheSameTokens) {
-  auto gpu = load(Device::fake_gpu(), {{"", "grouped_mm"}});
-  Tensor a = gpu->generate(prompt(), options(6));
-  auto cpu = load(Device::cpu(), {{"", "grouped_mm"}});
-  Tensor b = cpu->generate(prompt(), options(6));
+TEST_F(DecodeSwitchGenerate, SwitchedDecodeGivesTheSameTokens) {
+  auto switched = load(Device::cpu(), {{"", "grouped_mm"}});
+  Tensor a = switched->generate(prompt(), options(6));
+  auto plain = load(Device::cpu(), {{"", "grouped_mm"}});
+  Tensor b = plain->generate(prompt(), options(6, DecodeSwitch::kOff));
   EXPECT_EQ(a.to_int_vector(), b.to_int_vector());
 }
 
-TEST_F(DecodeSwitch, RestoredAfterAnExceptionInDecode) {
-  auto lm = load(Device::fake_gpu(), {{"", "grouped_mm"}});
+TEST_F(DecodeSwitchGenerate, RestoredAfterAnExceptionInDecode) {
+  auto lm = load(Device::cpu(), {{"", "grouped_mm"}});
   const ExpertsImplementation chosen = lm->get_experts_implementation();
   EXPECT_EQ(chosen.at("text_config"), "grouped_mm");
   rec_.throw_at_decode_call = 3;  // second decode step (2 MoE layers per step)
@@ -172,8 +177,8 @@ TEST_F(DecodeSwitch, RestoredAfterAnExceptionInDecode) {
   EXPECT_EQ(lm->get_experts_implementation(), chosen);
 }
 
-TEST_F(DecodeSwitch, FallsBackToTheCallersMapWhenBatchedMmCannotServe) {
-  auto lm = load(Device::fake_gpu(), {{"", "grouped_mm"}});
+TEST_F(DecodeSwitchGenerate, FallsBackToTheCallersMapWhenBatchedMmCannotServe) {
+  auto lm = load(Device::cpu(), {{"", "grouped_mm"}});
   rec_.refuse_batched_mm = true;
   EXPECT_EQ(lm->generate(prompt(), options(3)).size(1), 7 + 3);
   ASSERT_FALSE(rec_.calls.empty());
@@ -181,21 +186,21 @@ TEST_F(DecodeSwitch, FallsBackToTheCallersMapWhenBatchedMmCannotServe) {
   EXPECT_EQ(lm->get_experts_implementation().at("text_config"), "grouped_mm");
 }
 
-TEST_F(DecodeSwitch, CpuNeverSwitches) {
+TEST_F(DecodeSwitchGenerate, CpuNeverSwitchesByDefault) {
   auto lm = load(Device::cpu(), {{"", "grouped_mm"}});
-  lm->generate(prompt(), options(4));
+  lm->generate(prompt(), options(4, DecodeSwitch::kAuto));
   ASSERT_FALSE(rec_.calls.empty());
   for (const auto& c : rec_.calls) EXPECT_EQ(c.backend, "grouped_mm") << "tokens " << c.tokens;
 }
 
-TEST_F(DecodeSwitch, EagerIsNeverSwitched) {
-  auto lm = load(Device::fake_gpu(), {{"", "eager"}});
+TEST_F(DecodeSwitchGenerate, EagerIsNeverSwitched) {
+  auto lm = load(Device::cpu(), {{"", "eager"}});
   lm->generate(prompt(), options(4));
   ASSERT_FALSE(rec_.calls.empty());
   for (const auto& c : rec_.calls) EXPECT_EQ(c.backend, "eager") << "tokens " << c.tokens;
 }
 
-TEST_F(DecodeSwitch, ScopedGuardRestoresOnException) {
+TEST_F(DecodeSwitchGenerate, ScopedGuardRestoresOnException) {
   auto lm = load(Device::cpu(), {{"", "eager"}});
   try {
     ScopedExpertsImplementation guard(*lm, {{"", "batched_mm"}});

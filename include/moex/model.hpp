@@ -55,7 +55,6 @@ struct LoadOptions {
   std::optional<DType> dtype;
   // cpu: everything on the host. cuda[:i]: the experts weights live on that GPU and the experts
   // backends run there (activations are copied per MoE layer); the other ops stay on the host.
-  // fake_gpu (tests): host computation, treated as a GPU by the decode-stage policy.
   Device device = Device::cpu();
   ExpertsImplementation experts_implementation;  // {} = the default everywhere
 };
@@ -66,8 +65,13 @@ struct LoadOptions {
 LoadOptions make_load_options(const std::string& dtype, const std::string& device,
                               const std::string& experts_spec);
 
+// Whether generate() runs its decode steps under decode_stage_experts_implementation: kAuto where
+// transformers does (on a GPU), kOn on any device, kOff never.
+enum class DecodeSwitch : unsigned char { kAuto, kOn, kOff };
+
 struct GenerationOptions {
   int64_t max_new_tokens = 20;
+  DecodeSwitch decode_switch = DecodeSwitch::kAuto;
   bool do_sample = false;   // false: greedy (argmax, lowest id on ties)
   float temperature = 1.0f; // sampling only; > 0
   int64_t top_k = 0;        // sampling only; 0 = off
@@ -175,11 +179,13 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const LoadOpti
 std::vector<std::string> supported_model_types();
 
 // The decode-stage policy, a pure function so that it can be tested and later replaced by a
-// measured choice: on a GPU-like device every "grouped_mm" entry becomes "batched_mm" (small
-// token counts favour batched products there); on CPU the map is returned unchanged; entries
-// naming other backends are never touched.
+// measured choice: where the switch applies (`mode` kOn, or kAuto on a CUDA device) every
+// "grouped_mm" entry becomes "batched_mm" (small token counts favour batched products on GPUs);
+// elsewhere (kAuto on the CPU, kOff) the map is returned unchanged; entries naming other backends
+// are never touched.
 ExpertsImplementation decode_stage_experts_implementation(const ExpertsImplementation& map,
-                                                          Device device);
+                                                          Device device,
+                                                          DecodeSwitch mode = DecodeSwitch::kAuto);
 
 // Sets a model's map for a scope and restores the previous one on destruction (normal exit or
 // exception). The map must be valid (it is applied with set_experts_implementation).

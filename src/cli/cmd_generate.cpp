@@ -16,7 +16,7 @@ namespace {
 int run_generate(const std::vector<std::string>& argv) {
   Args a(argv,
          {"model", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p", "seed", "dtype",
-          "device", "experts-implementation", "out"},
+          "device", "experts-implementation", "decode-switch", "out"},
          {"greedy"});
   const std::string dir = a.require("model");
   // An empty --prompt-ids reaches the library as an empty prompt, which reports it clearly.
@@ -34,6 +34,12 @@ int run_generate(const std::vector<std::string>& argv) {
   g.top_k = a.get_int("top-k", 0);
   g.top_p = float(a.get_double("top-p", 1.0));
   g.seed = uint64_t(a.get_int("seed", 0));
+  // The decode-stage switch (grouped_mm -> batched_mm for the decode steps): auto = on GPUs only.
+  const std::string sw = a.get_or("decode-switch", "auto");
+  if (sw == "auto") g.decode_switch = DecodeSwitch::kAuto;
+  else if (sw == "on") g.decode_switch = DecodeSwitch::kOn;
+  else if (sw == "off") g.decode_switch = DecodeSwitch::kOff;
+  else throw InvalidInput("--decode-switch must be auto, on or off, got '" + sw + "'");
 
   LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
                                     a.get_or("experts-implementation", ""));
@@ -65,7 +71,8 @@ int run_generate(const std::vector<std::string>& argv) {
 
 const Registration kGenerate({"generate",
                               "continue a prompt (--model DIR --prompt-ids 1,2,3 [--max-new-tokens N] "
-                              "[--greedy | --temperature T --top-k K --top-p P --seed S])",
+                              "[--greedy | --temperature T --top-k K --top-p P --seed S] "
+                              "[--decode-switch auto|on|off])",
                               run_generate});
 
 }  // namespace

@@ -8,7 +8,6 @@ std::string Device::str() const {
   switch (kind) {
     case DeviceKind::kCPU: return "cpu";
     case DeviceKind::kCUDA: return "cuda:" + std::to_string(index);
-    case DeviceKind::kFakeGpu: return "fake_gpu";
   }
   return "?";
 }

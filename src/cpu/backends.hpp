@@ -9,7 +9,7 @@
 
 namespace moex::cpu {
 
-// Capabilities shared by the CPU implementations (CPU + the fake GPU used by policy tests).
+// Capabilities shared by the CPU implementations.
 BackendCaps cpu_caps(std::string description);
 
 }  // namespace moex::cpu

@@ -10,7 +10,7 @@ namespace moex::cpu {
 
 BackendCaps cpu_caps(std::string description) {
   BackendCaps c;
-  c.devices = {DeviceKind::kCPU, DeviceKind::kFakeGpu};
+  c.devices = {DeviceKind::kCPU};
   c.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
   c.graph_capturable = false;
   c.description = std::move(description);

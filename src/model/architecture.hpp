@@ -108,9 +108,8 @@ class DecoderLM : public CausalLM {
   Tensor embed_, final_norm_, lm_head_;
 };
 
-// Device / dtype checks shared by the factories: float32 or bfloat16 on the CPU, the test fake GPU
-// or CUDA (where only the experts run on the GPU; an absent device
-// is Unsupported).
+// Device / dtype checks shared by the factories: float32 or bfloat16 on the CPU or CUDA (where only
+// the experts run on the GPU; an absent device is Unsupported).
 void check_model_target(const LoadOptions& options);
 
 // ---- the architecture table ----

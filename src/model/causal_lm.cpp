@@ -147,8 +147,10 @@ Tensor CausalLM::logits(const Tensor& input_ids) {
 }
 
 ExpertsImplementation decode_stage_experts_implementation(const ExpertsImplementation& map,
-                                                          Device device) {
-  if (!device.is_gpu_like()) return map;
+                                                          Device device, DecodeSwitch mode) {
+  const bool applies =
+      mode == DecodeSwitch::kOn || (mode == DecodeSwitch::kAuto && device.is_cuda());
+  if (!applies) return map;
   ExpertsImplementation out = map;
   for (auto& [k, v] : out)
     if (v == "grouped_mm") v = "batched_mm";

@@ -57,7 +57,7 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   prepare_experts(impl_);
   if (options.max_new_tokens > 1) {
     try {
-      prepare_experts(decode_stage_experts_implementation(impl_, info_.device));
+      prepare_experts(decode_stage_experts_implementation(impl_, info_.device, options.decode_switch));
     } catch (const Unsupported&) {
     }
   }
@@ -90,7 +90,7 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
       // The switch is a speed policy, not the user's request: when a switched backend cannot
       // serve these experts (Unsupported), decoding keeps the caller's map instead of failing.
       try {
-        decode_guard.emplace(*this, decode_stage_experts_implementation(impl_, info_.device));
+        decode_guard.emplace(*this, decode_stage_experts_implementation(impl_, info_.device, options.decode_switch));
       } catch (const Unsupported&) {
         decode_guard.emplace(*this, impl_);
       }

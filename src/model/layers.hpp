@@ -97,7 +97,7 @@ struct ExpertNames {
 Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const ExpertsSpec& spec,
                      DType dtype, const ExpertNames& names = {}, Device device = Device::cpu());
 // The same experts with their weights copied to `device` (unchanged when already there or when
-// `device` is host-accessible: the fake GPU of the tests computes on host tensors).
+// `device` is the host).
 Experts experts_to(const Experts& experts, Device device);
 // Calls the experts through `backend`: x float32 [rows, H] is handed over in `act` (bf16 models
 // pass bf16 activations), the result comes back as float32 [rows, H] (values in act). When the

@@ -1,6 +1,6 @@
 // The one place where an op picks its implementation by the device of its tensors. Host tensors
-// (CPU and the tests' fake GPU, which computes on host memory) run src/ops/cpu/*; CUDA tensors
-// have no implementations in this build and get an Unsupported naming the op.
+// run src/ops/cpu/*; CUDA tensors have no implementations in this build and get an Unsupported
+// naming the op.
 #include <string>
 
 #include "moex/error.hpp"
