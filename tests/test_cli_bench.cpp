@@ -20,31 +20,15 @@
 #include "moex/bench.hpp"
 #include "moex/cpu_kernels.hpp"
 #include "moex/error.hpp"
+#include "support/test_support.hpp"
 
 namespace moex {
 namespace {
 
-// The wrong plugin is built next to the reference one (CMakeLists.txt) unless its path is given.
-std::string wrong_plugin_path() {
-#ifdef MOEX_WRONG_PLUGIN_PATH
-  return MOEX_WRONG_PLUGIN_PATH;
-#else
-  return (std::filesystem::path(MOEX_PLUGIN_PATH).parent_path() / "libmoex_wrong_backend_plugin.so")
-      .string();
-#endif
-}
+// examples/wrong_backend_plugin.cpp, built by CMakeLists.txt as moex_wrong_backend_plugin.
+std::string wrong_plugin_path() { return MOEX_WRONG_PLUGIN_PATH; }
 
-struct Result {
-  int exit_code = -1;  // -1: killed by a signal
-  std::string out, err;
-};
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+using Result = test::CliResult;
 
 std::vector<std::string> lines(const std::string& text) {
   std::vector<std::string> v;
@@ -66,18 +50,10 @@ class CliBench : public ::testing::Test {
   // Runs `moex PRE bench experts <small shape, given ceilings> ARGS`; given ceilings keep the
   // 1 GiB bandwidth pass and the peak loops out of the test.
   Result bench(const std::string& args, const std::string& pre = "") {
-    const std::string out = tmp_ + "/stdout", err = tmp_ + "/stderr";
-    const std::string cmd = std::string(MOEX_CLI_PATH) + " " + pre +
-                            " bench experts --device cpu --experts 6 --top-k 2 --hidden 64"
-                            " --intermediate 40 --min-iters 1 --budget-s 0.01"
-                            " --bandwidth-gbs 10 --peak-tflops 1 " +
-                            args + " >" + out + " 2>" + err;
-    const int status = std::system(cmd.c_str());
-    Result r;
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = read_file(out);
-    r.err = read_file(err);
-    return r;
+    return test::run_cli(pre + " bench experts --device cpu --experts 6 --top-k 2 --hidden 64"
+                               " --intermediate 40 --min-iters 1 --budget-s 0.01"
+                               " --bandwidth-gbs 10 --peak-tflops 1 " + args,
+                         tmp_);
   }
 
   std::string tmp_;

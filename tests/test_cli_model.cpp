@@ -20,17 +20,8 @@
 namespace moex {
 namespace {
 
-struct Result {
-  int exit_code = -1;  // -1: killed by a signal
-  std::string out, err;
-};
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+using Result = test::CliResult;
+using test::read_file;
 
 class Cli : public ::testing::Test {
  protected:
@@ -42,16 +33,7 @@ class Cli : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(tmp_); }
 
   // Runs `moex ARGS` (ARGS already shell-quoted) and captures stdout and stderr separately.
-  Result run(const std::string& args) {
-    const std::string out = tmp_ + "/stdout", err = tmp_ + "/stderr";
-    const std::string cmd = std::string(MOEX_CLI_PATH) + " " + args + " >" + out + " 2>" + err;
-    const int status = std::system(cmd.c_str());
-    Result r;
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = read_file(out);
-    r.err = read_file(err);
-    return r;
-  }
+  Result run(const std::string& args) { return test::run_cli(args, tmp_); }
   // A bad-input run: non-zero exit (not a crash), nothing on stdout, exactly one stderr line that
   // says "error" and contains `needle`.
   void expect_clean_error(const std::string& args, const std::string& needle) {

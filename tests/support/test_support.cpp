@@ -1,10 +1,14 @@
 #include "support/test_support.hpp"
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -238,6 +242,24 @@ Tensor add_largest_magnitude(const Tensor& t, int64_t index) {
   for (float x : v) largest = std::max(largest, std::fabs(x));
   v.at(size_t(index)) += largest;
   return Tensor::from_floats(v, t.shape(), t.dtype());
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+CliResult run_cli(const std::string& args, const std::string& tmp_dir) {
+  const std::string out = tmp_dir + "/stdout", err = tmp_dir + "/stderr";
+  const std::string cmd = std::string(MOEX_CLI_PATH) + " " + args + " >" + out + " 2>" + err;
+  const int status = std::system(cmd.c_str());
+  CliResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = read_file(out);
+  r.err = read_file(err);
+  return r;
 }
 
 }  // namespace moex::test

@@ -86,4 +86,14 @@ ExpertsFixture load_experts_fixture(const std::string& model);
 // Path of a file in tests/data (the fixtures copied into the project).
 std::string data_path(const std::string& relative);
 
+// ---- the CLI as a user runs it ----
+struct CliResult {
+  int exit_code = -1;  // -1: killed by a signal
+  std::string out, err;
+};
+// Runs `MOEX_CLI_PATH ARGS` (ARGS already shell-quoted) through the shell, stdout and stderr
+// captured separately in files under `tmp_dir`.
+CliResult run_cli(const std::string& args, const std::string& tmp_dir);
+std::string read_file(const std::string& path);
+
 }  // namespace moex::test
