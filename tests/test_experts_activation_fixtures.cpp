@@ -13,21 +13,10 @@
 #include "moex/experts.hpp"
 #include "moex/safetensors.hpp"
 #include "support/test_support.hpp"
-#ifdef MOEX_WITH_CUDA
-#include "cuda/runtime.hpp"
-#endif
 
 using namespace moex;
 
 namespace {
-
-int cuda_devices() {
-#ifdef MOEX_WITH_CUDA
-  return moex::cuda::device_count();
-#else
-  return 0;
-#endif
-}
 
 struct ActivationFixture {
   ExpertsSpec spec;
@@ -60,7 +49,7 @@ class ActivationFixtures
 TEST_P(ActivationFixtures, MatchesTransformers) {
   const auto& [act, backend, device_name] = GetParam();
   const Device dev = parse_device(device_name);
-  if (dev.is_cuda() && cuda_devices() == 0) GTEST_SKIP() << "no CUDA GPU visible";
+  if (dev.is_cuda() && test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA GPU visible";
   ActivationFixture fx = load(act);
   ASSERT_EQ(activation_name(fx.spec.act), act);
   const ExpertsWeights w = test::experts_weights_to(fx.weights, dev);

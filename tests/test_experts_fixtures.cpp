@@ -7,21 +7,10 @@
 #include "moex/experts.hpp"
 #include "moex/safetensors.hpp"
 #include "support/test_support.hpp"
-#ifdef MOEX_WITH_CUDA
-#include "cuda/runtime.hpp"
-#endif
 
 using namespace moex;
 
 namespace {
-
-int cuda_devices() {
-#ifdef MOEX_WITH_CUDA
-  return moex::cuda::device_count();
-#else
-  return 0;
-#endif
-}
 
 class ExpertsFixtures
     : public ::testing::TestWithParam<std::tuple<std::string, std::string, std::string>> {};
@@ -29,7 +18,7 @@ class ExpertsFixtures
 TEST_P(ExpertsFixtures, MatchesTransformers) {
   const auto& [model, backend, device_name] = GetParam();
   Device dev = parse_device(device_name);
-  if (dev.is_cuda() && cuda_devices() == 0) GTEST_SKIP() << "no CUDA GPU visible";
+  if (dev.is_cuda() && test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA GPU visible";
   test::ExpertsFixture fx = test::load_experts_fixture(model);
   auto on = [&](const Tensor& t) { return t.defined() ? t.to(dev) : t; };
   if (dev.is_cuda()) {

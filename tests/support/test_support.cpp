@@ -1,5 +1,7 @@
 #include "support/test_support.hpp"
 
+#include "core/device_hooks.hpp"
+
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -243,6 +245,8 @@ Tensor add_largest_magnitude(const Tensor& t, int64_t index) {
   v.at(size_t(index)) += largest;
   return Tensor::from_floats(v, t.shape(), t.dtype());
 }
+
+int cuda_devices() { return detail::cuda_device_count(); }
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path);

@@ -86,6 +86,9 @@ ExpertsFixture load_experts_fixture(const std::string& model);
 // Path of a file in tests/data (the fixtures copied into the project).
 std::string data_path(const std::string& relative);
 
+// CUDA devices visible to this process (0 in a CPU-only build or without a GPU).
+int cuda_devices();
+
 // ---- the CLI as a user runs it ----
 struct CliResult {
   int exit_code = -1;  // -1: killed by a signal
