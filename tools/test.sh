@@ -6,17 +6,31 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/deps.sh
 jobs=$(nproc)
+logs=$(mktemp -d)
+passed=0 failed=0 skipped=0
+# Runs ctest with the given arguments and adds its counts to the totals; a skipped test (no GPU,
+# a CPU feature this machine lacks) is counted as skipped, never as passed.
+run_ctest() {
+  local log="$logs/ctest_$RANDOM.log" rc=0
+  ctest "$@" 2>&1 | tee "$log" || rc=$?
+  local total fail skip
+  total=$(grep -oE 'tests failed out of [0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)
+  fail=$(grep -oE '[0-9]+ tests failed out of' "$log" | grep -oE '^[0-9]+' || echo 0)
+  skip=$(grep -cE '^[[:space:]]*[0-9]+ - .*\(Skipped\)$' "$log" || true)
+  passed=$((passed + total - fail - skip)) failed=$((failed + fail)) skipped=$((skipped + skip))
+  return $rc
+}
 
 echo "== release build + tests"
 bash tools/build.sh
-ctest --test-dir build --output-on-failure -j"$jobs"
+run_ctest --test-dir build --output-on-failure -j"$jobs"
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build + tests (CPU code)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEX_CUDA=OFF \
   -DMOEX_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -j"$jobs"
+  run_ctest --test-dir build-asan --output-on-failure -j"$jobs"
 
 echo "== libFuzzer runs: safetensors header, tensor views, config.json, shard index"
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEX_CUDA=OFF \
@@ -32,5 +46,6 @@ for t in safetensors_header:corpus:safetensors.dict safetensors_get:corpus_safet
     -dict=fuzz/$dict -print_final_stats=1 "build-fuzz/$corpus" "fuzz/$corpus"
 done
 echo "== fixed-seed smoke runs of every fuzz target (ctest)"
-ctest --test-dir build-fuzz/fuzz --output-on-failure
+run_ctest --test-dir build-fuzz/fuzz --output-on-failure
 echo "all tests passed"
+echo "tests: $passed passed, $failed failed, $skipped skipped"
