@@ -16,7 +16,8 @@ void device_copy(void*, Device dst, const void*, Device src, size_t) {
 }
 int cuda_device_count() { return 0; }
 void* current_stream(Device device) {
-  throw Unsupported("a stream of " + device.str() + " was requested, but this moex was built without CUDA");
+  throw Unsupported("a stream of " + device.str() +
+                    " was requested, but this moex was built without CUDA");
 }
 
 }  // namespace moex::detail

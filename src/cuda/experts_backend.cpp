@@ -53,15 +53,6 @@ Elem to_elem(DType t) {
   }
 }
 
-int float_code(DType t) {
-  switch (t) {
-    case DType::kF32: return 0;
-    case DType::kF16: return 1;
-    case DType::kBF16: return 2;
-    default: throw InvalidInput("top_k_weights must be float32, float16 or bfloat16, got " +
-                                std::string(dtype_name(t)));
-  }
-}
 
 // route_by_expert keeps two ints per expert in one block's shared memory.
 constexpr int64_t kMaxExperts = 16384;
@@ -89,7 +80,7 @@ ExpertsArgs args_of(const ExpertsProblem& pr, Tensor& out) {
   a.top_k_index = pr.top_k_index.raw();
   a.index_i64 = pr.top_k_index.dtype() == DType::kI64;
   a.top_k_weights = pr.top_k_weights.raw();
-  a.weights_code = float_code(pr.top_k_weights.dtype());
+  a.weights_elem = to_elem(pr.top_k_weights.dtype());  // (validated float at the boundary)
   a.weights_per_expert = pr.weights_per_expert;
   a.gate_up = w.gate_up.raw();
   a.down = w.down.raw();
@@ -130,8 +121,8 @@ void CudaExpertsBackend::forward(const ExpertsProblem& pr, Tensor& out,
                                  const ExecContext& ctx) const {
   const int dev = pr.hidden.device().index;
   DeviceGuard guard(dev);
-  cudaStream_t stream = ctx.stream ? static_cast<cudaStream_t>(ctx.stream) : current_stream();  // (a
-  // context built by hand and passed straight to the backend may still hold none)
+  // (A context built by hand and passed straight to the backend may hold no stream.)
+  cudaStream_t stream = ctx.stream ? static_cast<cudaStream_t>(ctx.stream) : current_stream();
   if (pr.tokens() == 0) return;
   if (pr.top_k() == 0) {  // every output is an empty sum
     if (out.nbytes()) MOEX_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0, out.nbytes(), stream));
@@ -139,7 +130,8 @@ void CudaExpertsBackend::forward(const ExpertsProblem& pr, Tensor& out,
   }
   // Sorted positions and tile rows are int32 on the device.
   if (pr.tokens() * pr.top_k() >= (int64_t(1) << 31))
-    throw Unsupported("CUDA experts backends take at most 2^31 - 1 (token, slot) pairs per call, got " +
+    throw Unsupported("CUDA experts backends take at most 2^31 - 1 (token, slot) pairs per call, "
+                      "got " +
                       std::to_string(pr.tokens() * pr.top_k()));
   const ExpertsArgs a = args_of(pr, out);
   const ExpertsPlan p = plan(a, traits_of(dev));

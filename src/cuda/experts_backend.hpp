@@ -28,7 +28,8 @@ ExpertsArgs args_of(const ExpertsProblem& p, Tensor& out);
 class CudaExpertsBackend : public ExpertsBackend {
  public:
   BackendCaps caps() const override;
-  std::string unsupported_reason(const ExpertsSpec& spec, DType dtype, Device device) const override;
+  std::string unsupported_reason(const ExpertsSpec& spec, DType dtype,
+                                 Device device) const override;
   std::unique_ptr<PreparedExperts> prepare(const ExpertsSpec& spec,
                                            const ExpertsWeights& weights) const override;
   void forward(const ExpertsProblem& p, Tensor& out, const ExecContext& ctx) const final;

@@ -137,7 +137,7 @@ void run_gemms(const ExpertsArgs& a, const Workspace& w, const ExpertsPlan& plan
 }
 
 void run_combine(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
-  launch_combine(w.y, w.pos_of_pair, a.top_k_index, a.index_i64, a.top_k_weights, a.weights_code,
+  launch_combine(w.y, w.pos_of_pair, a.top_k_index, a.index_i64, a.top_k_weights, a.weights_elem,
                  a.weights_per_expert, a.tokens, a.top_k, a.experts, a.hidden, a.elem, a.out, s);
 }
 

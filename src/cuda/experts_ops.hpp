@@ -40,7 +40,7 @@ struct ExpertsArgs {
   const void* top_k_index = nullptr;    // [T, k] int32 / int64
   bool index_i64 = true;
   const void* top_k_weights = nullptr;  // [T, k] or [T, E]
-  int weights_code = 0;                 // FloatCode of top_k_weights
+  Elem weights_elem = Elem::kF32;       // dtype of top_k_weights
   bool weights_per_expert = false;
   const void* gate_up = nullptr;
   const void* down = nullptr;

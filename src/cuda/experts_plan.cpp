@@ -29,7 +29,8 @@ std::string ExpertsPlan::describe() const {
     return "TMA + wgmma (sm_90a) tiles of 128 rows in 2-CTA clusters sharing each weight tile";
   std::string s = "TMA + wgmma (sm_90a) tiles of " + rows + " rows";
   if (b_rows != 256) s += ", " + std::to_string(b_rows) + " weight rows per stage";
-  if (tile_rows == 128 && pingpong_gate_up && pingpong_down) s += ", both GEMMs on ping-pong warpgroups";
+  if (tile_rows == 128 && pingpong_gate_up && pingpong_down)
+    s += ", both GEMMs on ping-pong warpgroups";
   else if (tile_rows == 128 && pingpong_down) s += ", down GEMM on ping-pong warpgroups";
   else if (tile_rows == 128 && pingpong_gate_up) s += ", gate_up GEMM on ping-pong warpgroups";
   return s;
@@ -104,7 +105,8 @@ void check_plan(const ExpertsPlan& p, const ExpertsShape& s, const DeviceTraits&
   auto fail = [](const std::string& why) { throw InvalidInput("experts plan: " + why); };
   switch (p.gemm) {
     case GemmPath::kSimt:
-      if (p.tile_rows != kSimtTileRows) fail("SIMT tiles have " + std::to_string(kSimtTileRows) + " rows");
+      if (p.tile_rows != kSimtTileRows)
+        fail("SIMT tiles have " + std::to_string(kSimtTileRows) + " rows");
       return;
     case GemmPath::kMmaSync:
       if (!mma_applies(s)) fail("mma.sync does not apply to this layout, dtype or alignment");
@@ -112,9 +114,11 @@ void check_plan(const ExpertsPlan& p, const ExpertsShape& s, const DeviceTraits&
         fail("mma.sync tiles have 16, 64 or 128 rows, not " + std::to_string(p.tile_rows));
       break;
     case GemmPath::kWgmma:
-      if (!wgmma_applies(s, d)) fail("wgmma needs an sm_90 device and a row-major, concatenated layout");
+      if (!wgmma_applies(s, d))
+        fail("wgmma needs an sm_90 device and a row-major, concatenated layout");
       if (p.tile_rows != 64 && p.tile_rows != 128 && p.tile_rows != 256)
-        fail("wgmma tiles have 64, 128 or 256 (cluster pair) rows, not " + std::to_string(p.tile_rows));
+        fail("wgmma tiles have 64, 128 or 256 (cluster pair) rows, not " +
+             std::to_string(p.tile_rows));
       if (p.b_rows != 128 && p.b_rows != 256) fail("wgmma stages hold 128 or 256 weight rows");
       if (p.cluster_pairs() && (p.b_rows != 256 || p.pingpong_gate_up || p.pingpong_down))
         fail("cluster pairs run cooperative 256-row stages");

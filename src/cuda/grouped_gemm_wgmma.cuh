@@ -9,10 +9,10 @@
 // Block = 1 producer + kConsumers (1 or 2) consumer warpgroups; the tile has 64 * kConsumers
 // rows (64- or 128-row tiles of route_by_expert). Warpgroup 0 is the producer: one thread waits
 // for a free stage, arms the stage's "full" barrier with the bytes to expect and issues the TMA
-// loads of the A tile (tile rows x 64 k) and the B tile (BNB weight rows x 64 k). The consumers
+// loads of the A tile (tile rows x 64 k) and the B tile (kBRows weight rows x 64 k). The consumers
 // each own 64 of the rows, wait for "full", issue four m64nBNBk16 wgmmas, and free the stage of
 // the *previous* k step once its MMAs have retired (wgmma.wait_group 1), so one MMA batch is
-// always in flight while the next stage is being loaded. (kPing: the two consumers take whole
+// always in flight while the next stage is being loaded. (kPingPong: the two consumers take whole
 // items in turn instead, see the kernel.)
 //
 // Work decomposition: the work items are (tile of the device-side tile table) x (column block);
@@ -55,15 +55,17 @@ __host__ __device__ constexpr bool wgmma_staged_epilogue(GemmKind kind, int grou
 // epilogue's blocks (one per consumer warpgroup, its rows x BN columns of T; none where the
 // epilogue stores straight from the accumulators), the full / empty barriers. The kernel and
 // its launcher both take the layout from here.
-template <class T, GemmKind kKind, int kGroups, int BNB, int STAGES, int kConsumers, bool kPing>
+template <class T, GemmKind kKind, int kGroups, int kBRows, int STAGES, int kConsumers,
+          bool kPingPong>
 struct WgmmaSmem {
   static constexpr int kBM = 64 * kConsumers;
   static constexpr int kAStage = kBM * kWgmmaBK * int(sizeof(T));
-  static constexpr int kBStage = BNB * kWgmmaBK * int(sizeof(T));
+  static constexpr int kBStage = kBRows * kWgmmaBK * int(sizeof(T));
   static constexpr int kEpiOffset = STAGES * (kAStage + kBStage);
-  static constexpr int kEpiWgBytes = wgmma_staged_epilogue(kKind, kGroups)
-                                         ? 64 * (kPing ? 2 : 1) * (BNB / kGroups) * int(sizeof(T))
-                                         : 0;
+  static constexpr int kEpiWgBytes =
+      wgmma_staged_epilogue(kKind, kGroups)
+          ? 64 * (kPingPong ? 2 : 1) * (kBRows / kGroups) * int(sizeof(T))
+          : 0;
   static constexpr int kBarOffset = kEpiOffset + kConsumers * kEpiWgBytes;
   // + barriers, + 1 KiB to align the dynamic shared memory base to 1024 bytes (128B swizzle).
   static constexpr size_t kBytes = size_t(kBarOffset) + 2 * STAGES * sizeof(uint64_t) + 1024;
@@ -165,9 +167,9 @@ __device__ __forceinline__ void staged_gate_up_epilogue(const float (&acc)[kHalv
 }
 
 // Two ways to use the two consumer warpgroups of a 128-row tile (kConsumers == 2):
-//  - cooperative (kPing false): both work on the same item, each on 64 of its rows, with one
+//  - cooperative (kPingPong false): both work on the same item, each on 64 of its rows, with one
 //    m64nBNBk16 per 16 k; the tensor cores idle while both run the epilogue.
-//  - ping-pong (kPing true, BNB 128): the CTA's items alternate between the warpgroups, each
+//  - ping-pong (kPingPong true, kBRows 128): the CTA's items alternate between the warpgroups, each
 //    doing all 128 rows of its item (two m64n128k16 per 16 k, the same 128 accumulators per
 //    thread). The ring holds the items' k steps in order, so warpgroup B's main loop starts when
 //    A's has issued its last MMAs and runs while A does its epilogue: the epilogue (activation,
@@ -185,20 +187,21 @@ __device__ __forceinline__ void staged_gate_up_epilogue(const float (&acc)[kHalv
 // A tile of at most 128 rows is split by column blocks between the two CTAs instead (see the
 // consumers). A rank whose part of an item has no rows or columns still loads, multiplies
 // (nothing stored) and releases every stage, keeping the pair in step.
-template <class T, GemmKind kKind, int kGroups, int BNB, int STAGES, int kConsumers, bool kPing,
-          int kCluster = 1>
+template <class T, GemmKind kKind, int kGroups, int kBRows, int STAGES, int kConsumers,
+          bool kPingPong, int kCluster = 1>
 __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tma_a,
                               const __grid_constant__ CUtensorMap tma_b, GemmParams p,
                               int b_rows_per_expert) {
   constexpr int BK = kWgmmaBK;
-  constexpr int BN = BNB / kGroups;  // output columns of the tile
+  constexpr int BN = kBRows / kGroups;  // output columns of the tile
   constexpr bool kStaged = wgmma_staged_epilogue(kKind, kGroups);
-  using S = WgmmaSmem<T, kKind, kGroups, BNB, STAGES, kConsumers, kPing>;
-  static_assert(!kPing || (kConsumers == 2 && BNB == 128), "ping-pong: two warpgroups, m64n128");
-  static_assert(kCluster == 1 || (kCluster == 2 && !kPing && kConsumers == 2),
+  using S = WgmmaSmem<T, kKind, kGroups, kBRows, STAGES, kConsumers, kPingPong>;
+  static_assert(!kPingPong || (kConsumers == 2 && kBRows == 128),
+                "ping-pong: two warpgroups, m64n128");
+  static_assert(kCluster == 1 || (kCluster == 2 && !kPingPong && kConsumers == 2),
                 "clusters: cooperative 128-row CTAs");
-  constexpr int kHalves = kPing ? 2 : 1;  // 64-row halves of the tile one warpgroup computes
+  constexpr int kHalves = kPingPong ? 2 : 1;  // 64-row halves of the tile one warpgroup computes
   constexpr int kBM = 64 * kConsumers;    // rows of this CTA's part of a tile
 
   // Persistent: CTA (cluster) b takes items b, b + grid, ... of num_tiles x nblocks.
@@ -225,7 +228,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
       sm90::mbar_init(&full[s], 1);
       // One arrival per warp of the warpgroup(s) that consume the stage, in every CTA of the
       // cluster that the stage's loads write to.
-      sm90::mbar_init(&empty[s], (kPing ? 4 : 4 * kConsumers) * kCluster);
+      sm90::mbar_init(&empty[s], (kPingPong ? 4 : 4 * kConsumers) * kCluster);
     }
     sm90::fence_mbar_init();
   }
@@ -247,7 +250,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
       for (int item = first; item < items; item += stride) {
         const WorkItem w = work_item(item, nblocks, p.tiles);
         const Tile tile = p.tiles[w.tile];
-        if (kCluster == 1 && !kPing && tile.rows <= 0) continue;  // (see the consumers)
+        if (kCluster == 1 && !kPingPong && tile.rows <= 0) continue;  // (see the consumers)
         const bool split = kCluster == 2 && tile.rows <= kBM;  // (see the consumers)
         if (split && 2 * w.nb >= nblocks) continue;
         const int n0 = (split ? 2 * w.nb + rank : w.nb) * BN;
@@ -260,9 +263,9 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
           sm90::tma_load_2d(a_smem + s * S::kAStage, &tma_a, &full[s], kb * BK, arow);
           unsigned char* b = b_smem + s * S::kBStage;
           if constexpr (kCluster == 2) {
-            // Halves of the stage (gated: gate rows / up rows; else 128 of BNB rows): this
+            // Halves of the stage (gated: gate rows / up rows; else 128 of kBRows rows): this
             // rank's, multicast to the pair, or (split) both, for this CTA alone.
-            constexpr int half_rows = BNB / 2;
+            constexpr int half_rows = kBRows / 2;
             for (int h = split ? 0 : rank; h < (split ? 2 : rank + 1); ++h) {
               unsigned char* dst = b + h * half_rows * BK * int(sizeof(T));
               const int row = kGroups == 2 ? brow + h * p.I : brow + h * half_rows;
@@ -291,7 +294,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
     // finishes as early as possible).
     const int c = wg - 1;
     const int lane = tid % 32, warp = (tid % 128) / 32;
-    constexpr int NACC = BNB / 2;
+    constexpr int NACC = kBRows / 2;
     float acc[kHalves][NACC];
     int it = 0;
     const int my_items = (items - first + stride - 1) / stride;
@@ -310,13 +313,13 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
     };
     for (int n = 0; n < my_items; ++n) {
       const int item = first + n * stride;
-      if (kPing && (n & 1) != c) {
+      if (kPingPong && (n & 1) != c) {
         it += KT;  // the other warpgroup's item
         continue;
       }
       const WorkItem w = work_item(item, nblocks, p.tiles);
       const Tile tile = p.tiles[w.tile];
-      if (kCluster == 1 && !kPing && tile.rows <= 0) continue;
+      if (kCluster == 1 && !kPingPong && tile.rows <= 0) continue;
       // Clusters: rank r takes rows [kBM r, kBM r + kBM) of the tile against column block nb,
       // except on a tile of at most kBM rows (an expert's last), which the pair splits by
       // columns instead: rank r takes all its rows against column block 2 nb + r (its own A
@@ -327,7 +330,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
       const int n0 = (split ? 2 * w.nb + rank : w.nb) * BN;
       const int row_start = tile.row_start + (split ? 0 : rank * kBM);
       const int tile_rows = split ? tile.rows : min(tile.rows - rank * kBM, kBM);
-      if (kPing && n > 0) sm90::named_bar_sync(1 + c, 256);
+      if (kPingPong && n > 0) sm90::named_bar_sync(1 + c, 256);
 #pragma unroll
       for (int m = 0; m < kHalves; ++m)
 #pragma unroll
@@ -342,10 +345,10 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
 #pragma unroll
         for (int m = 0; m < kHalves; ++m) {
           const uint64_t da = sm90::desc_k_major_sw128(
-              a_smem + s * S::kAStage + (kPing ? m : c) * 64 * BK * int(sizeof(T)));
+              a_smem + s * S::kAStage + (kPingPong ? m : c) * 64 * BK * int(sizeof(T)));
 #pragma unroll
           for (int k16 = 0; k16 < BK / 16; ++k16)
-            sm90::wgmma_k16<T, BNB>(acc[m], da + 2 * k16, db + 2 * k16);
+            sm90::wgmma_k16<T, kBRows>(acc[m], da + 2 * k16, db + 2 * k16);
         }
         sm90::wgmma_commit();
 #pragma unroll
@@ -357,7 +360,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
         if (kb > 0) release((it - 1) % STAGES);
       }
       // Every MMA of this item is issued: the other warpgroup may start its next item (if any).
-      if (kPing && n + 1 < my_items) sm90::named_bar_arrive(1 + (1 - c), 256);
+      if (kPingPong && n + 1 < my_items) sm90::named_bar_arrive(1 + (1 - c), 256);
       sm90::wgmma_wait<0>();
 #pragma unroll
       for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
@@ -367,7 +370,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
       if constexpr (kStaged) {
         if (p.N % 8 == 0) {
           staged_gate_up_epilogue<T, kKind, kGroups, BN>(
-              acc, p, tile.expert, n0, row_start, tile_rows, kPing ? 0 : c * 64,
+              acc, p, tile.expert, n0, row_start, tile_rows, kPingPong ? 0 : c * 64,
               smem + S::kEpiOffset + c * S::kEpiWgBytes, 3 + c, warp, lane, tid % 128);
           continue;
         }
@@ -376,7 +379,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
       const bool pairs = (p.N % 2) == 0;
 #pragma unroll
       for (int m = 0; m < kHalves; ++m) {
-        const int r0 = (kPing ? m : c) * 64 + warp * 16 + lane / 4;
+        const int r0 = (kPingPong ? m : c) * 64 + warp * 16 + lane / 4;
 #pragma unroll
         for (int i = 0; i < BN / 8; ++i) {
           const int j = n0 + 8 * i + 2 * (lane % 4);

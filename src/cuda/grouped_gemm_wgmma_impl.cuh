@@ -19,19 +19,20 @@ CUtensorMap encode_tensor_map_2d(const void* base, bool bf16, int64_t rows, int6
                                  int box_rows, int box_cols);
 
 // Stages: as many as fit in ~200 KB of shared memory.
-template <class T, int BNB, int kConsumers>
+template <class T, int kBRows, int kConsumers>
 constexpr int wgmma_stages() {
-  return (200 * 1024) / ((64 * kConsumers + BNB) * kWgmmaBK * int(sizeof(T)));
+  return (200 * 1024) / ((64 * kConsumers + kBRows) * kWgmmaBK * int(sizeof(T)));
 }
 
-template <class T, GemmKind kKind, int kGroups, int BNB, int kConsumers, bool kPing = false,
+template <class T, GemmKind kKind, int kGroups, int kBRows, int kConsumers, bool kPingPong = false,
           int kCluster = 1>
 void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
-  constexpr int STAGES = wgmma_stages<T, BNB, kConsumers>();
-  constexpr int BN = BNB / kGroups;
+  constexpr int STAGES = wgmma_stages<T, kBRows, kConsumers>();
+  constexpr int BN = kBRows / kGroups;
   auto kernel =
-      grouped_gemm_wgmma_kernel<T, kKind, kGroups, BNB, STAGES, kConsumers, kPing, kCluster>;
-  constexpr size_t smem = WgmmaSmem<T, kKind, kGroups, BNB, STAGES, kConsumers, kPing>::kBytes;
+      grouped_gemm_wgmma_kernel<T, kKind, kGroups, kBRows, STAGES, kConsumers, kPingPong, kCluster>;
+  constexpr size_t smem =
+      WgmmaSmem<T, kKind, kGroups, kBRows, STAGES, kConsumers, kPingPong>::kBytes;
   static std::atomic<uint64_t> opted{0};
   const int dev = current_device();
   const uint64_t bit = uint64_t(1) << (dev & 63);
@@ -45,9 +46,9 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
   const CUtensorMap ma =
       encode_tensor_map_2d(a.a_sorted, bf, a.a_rows, a.K, 64 * kConsumers, kWgmmaBK);
   // B: one map over every expert's rows ([E * rows_per_expert, K]); a cluster's CTAs each load
-  // half of the BNB rows of a stage.
+  // half of the kBRows rows of a stage.
   const CUtensorMap mb = encode_tensor_map_2d(a.w, bf, a.w_rows_total, a.K,
-                                              kCluster == 2 ? BNB / 2 : BN, kWgmmaBK);
+                                              kCluster == 2 ? kBRows / 2 : BN, kWgmmaBK);
   // Persistent: one CTA per SM (the shared-memory ring allows one), never more than the items.
   const int64_t max_items = int64_t(a.max_tiles) * ((a.N + BN - 1) / BN);
   if constexpr (kCluster == 1) {

@@ -14,6 +14,9 @@ void launch_grouped_gemm_mma_bf16(const GroupedGemmArgs& a, int tile_rows, cudaS
 void launch_grouped_gemm_mma_f16(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream);
 
 size_t elem_size(Elem e) { return e == Elem::kF32 ? 4 : 2; }
+// The kernels read the routing weights' dtype as a FloatCode (common.cuh): the same values.
+static_assert(int(Elem::kF32) == kCodeF32 && int(Elem::kF16) == kCodeF16 &&
+              int(Elem::kBF16) == kCodeBF16);
 
 // Runs f(T{}) with T the element type: the one run-time -> compile-time switch on Elem.
 template <class F>
@@ -105,7 +108,7 @@ void launch_grouped_gemm_simt(const GroupedGemmArgs& a, cudaStream_t stream) {
 // ---------------------------------------------------------------- elementwise
 
 void launch_combine(const float* y, const int* pos_of_pair, const void* idx, bool index_i64,
-                    const void* weights, int weights_code, bool per_expert, int64_t tokens,
+                    const void* weights, Elem weights_elem, bool per_expert, int64_t tokens,
                     int top_k, int experts, int hidden, Elem elem, void* out,
                     cudaStream_t stream) {
   if (tokens <= 0) return;
@@ -118,7 +121,7 @@ void launch_combine(const float* y, const int* pos_of_pair, const void* idx, boo
     auto go = [&](auto kernel, auto index) {
       using I = decltype(index);
       kernel<<<grid, 256, 0, stream>>>(y, pos_of_pair, static_cast<const I*>(idx), weights,
-                                       weights_code, per_expert, top_k, experts, hidden,
+                                       int(weights_elem), per_expert, top_k, experts, hidden,
                                        static_cast<T*>(out));
     };
     if (index_i64) {

@@ -102,7 +102,7 @@ void launch_grouped_gemm_simt(const GroupedGemmArgs& a, cudaStream_t stream);
 // out[t, :] = round( sum_{j<k, pos_of_pair[t*k+j] >= 0} w(t, j) * y[pos_of_pair[t*k+j], :] ),
 // summed in fp32 in slot order; w(t, j) = weights[t, j], or weights[t, id] when per_expert.
 void launch_combine(const float* y, const int* pos_of_pair, const void* top_k_index,
-                    bool index_i64, const void* weights, int weights_code, bool per_expert,
+                    bool index_i64, const void* weights, Elem weights_elem, bool per_expert,
                     int64_t tokens, int top_k, int experts, int hidden, Elem elem, void* out,
                     cudaStream_t stream);
 // dst[r, :] = src[sorted_pair[r] / top_k, :] for r < rows.

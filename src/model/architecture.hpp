@@ -126,7 +126,7 @@ std::unique_ptr<CausalLM> make_qwen3_moe(const Checkpoint&, const LoadOptions&);
 std::unique_ptr<CausalLM> make_mixtral(const Checkpoint&, const LoadOptions&);
 std::unique_ptr<CausalLM> make_olmoe(const Checkpoint&, const LoadOptions&);
 std::unique_ptr<CausalLM> make_qwen3_vl_moe(const Checkpoint&, const LoadOptions&);
-std::unique_ptr<CausalLM> make_deepseek_v3(const Checkpoint&, const LoadOptions&);  // arch2
-std::unique_ptr<CausalLM> make_gpt_oss(const Checkpoint&, const LoadOptions&);      // arch2
+std::unique_ptr<CausalLM> make_deepseek_v3(const Checkpoint&, const LoadOptions&);
+std::unique_ptr<CausalLM> make_gpt_oss(const Checkpoint&, const LoadOptions&);    
 
 }  // namespace moex::model
