@@ -1,0 +1,198 @@
+// Tokenizers against Hugging Face `tokenizers` 0.23.2 (tests/data/tokenizers/*/reference.json):
+// encode with and without special tokens, tokens, decode with and without skipping special
+// tokens, the streaming decoder, and the typed errors for malformed or unsupported files.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "moex/error.hpp"
+#include "moex/tokenizer.hpp"
+#include "support/test_support.hpp"
+
+namespace moex {
+namespace {
+
+
+std::string dir_of(const std::string& name) { return test::data_path("tokenizers/" + name); }
+
+nlohmann::json load_json(const std::string& path) {
+  std::ifstream f(path);
+  return nlohmann::json::parse(f);
+}
+
+bool valid_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    i += n;
+  }
+  return true;
+}
+
+class Reference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Reference, EncodeAndDecodeMatchTokenizers) {
+  const Tokenizer tok = Tokenizer::from_dir(dir_of(GetParam()));
+  const auto ref = load_json(dir_of(GetParam()) + "/reference.json");
+  const auto& cases = ref.at("cases");
+  ASSERT_EQ(cases.size(), 86u);
+  int enc = 0, enc_ns = 0, toks = 0, dec = 0, dec_skip = 0;
+  for (const auto& c : cases) {
+    const std::string text = c.at("text");
+    const auto ids = c.at("ids").get<std::vector<int64_t>>();
+    const auto ids_ns = c.at("ids_no_special").get<std::vector<int64_t>>();
+    const auto got = tok.encode(text);
+    const auto got_ns = tok.encode(text, false);
+    enc += got == ids;
+    enc_ns += got_ns == ids_ns;
+    EXPECT_EQ(got, ids) << "text: " << text;
+    EXPECT_EQ(got_ns, ids_ns) << "text: " << text;
+    const auto t = tok.tokens(ids_ns);  // the reference lists the tokens without specials
+    toks += t == c.at("tokens").get<std::vector<std::string>>();
+    EXPECT_EQ(t, c.at("tokens").get<std::vector<std::string>>()) << "text: " << text;
+    const std::string d = tok.decode(ids_ns), ds = tok.decode(ids, true);
+    dec += d == c.at("decoded").get<std::string>();
+    dec_skip += ds == c.at("decoded_skip_special").get<std::string>();
+    EXPECT_EQ(d, c.at("decoded").get<std::string>()) << "text: " << text;
+    EXPECT_EQ(ds, c.at("decoded_skip_special").get<std::string>()) << "text: " << text;
+  }
+  std::printf("%s: exact of 86: encode %d, encode(no special) %d, tokens %d, decode %d, "
+              "decode(skip special) %d\n", GetParam().c_str(), enc, enc_ns, toks, dec, dec_skip);
+}
+
+TEST_P(Reference, StreamingDecoderEmitsCompleteUtf8) {
+  const Tokenizer tok = Tokenizer::from_dir(dir_of(GetParam()));
+  const auto ref = load_json(dir_of(GetParam()) + "/reference.json");
+  for (const auto& c : ref.at("cases")) {
+    for (bool skip : {false, true}) {
+      const auto ids = c.at(skip ? "ids" : "ids_no_special").get<std::vector<int64_t>>();
+      Tokenizer::Decoder d(tok, skip);
+      std::string all;
+      for (int64_t id : ids) {
+        const std::string piece = d.step(id);
+        EXPECT_TRUE(valid_utf8(piece)) << "text: " << c.at("text").get<std::string>();
+        all += piece;
+      }
+      const std::string rest = d.finish();
+      EXPECT_TRUE(valid_utf8(rest));
+      all += rest;
+      EXPECT_EQ(all, tok.decode(ids, skip)) << "text: " << c.at("text").get<std::string>();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Reference, ::testing::Values("qwen2_bytelevel", "o200k_bytelevel",
+                                                         "deepseek_v3_bytelevel", "llama_sentencepiece_bpe"));
+
+// A character split over byte tokens is held back until its last byte arrives.
+TEST(TokenizerStream, HoldsPartialCharacters) {
+  const Tokenizer tok = Tokenizer::from_dir(dir_of("llama_sentencepiece_bpe"));
+  const auto ids = tok.encode("한", false);  // byte fallback: <0xED> <0x95> <0x9C>
+  ASSERT_GE(ids.size(), 3u);
+  Tokenizer::Decoder d(tok);
+  std::string out;
+  for (size_t i = 0; i + 1 < ids.size(); ++i) out += d.step(ids[i]);
+  EXPECT_EQ(out, "");
+  out += d.step(ids.back());
+  EXPECT_EQ(out + d.finish(), "한");
+}
+
+TEST(TokenizerApi, SpecialTokensAndVocab) {
+  const Tokenizer tok = Tokenizer::from_dir(dir_of("qwen2_bytelevel"));
+  EXPECT_EQ(tok.token_to_id("<|im_start|>"), std::optional<int64_t>(1));
+  EXPECT_TRUE(tok.is_special(1));
+  EXPECT_EQ(tok.special_token_ids(), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_GT(tok.vocab_size(), 1000);
+  EXPECT_FALSE(tok.token_to_id("no such token").has_value());
+  EXPECT_THROW(tok.decode({tok.vocab_size() + 5}), InvalidInput);
+  EXPECT_THROW(tok.encode(std::string("\xff\xfe", 2)), InvalidInput);
+  EXPECT_TRUE(tok.encode("", false).empty());
+}
+
+class BadFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/moex_tok_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    tmp_ = tmpl;
+    base_ = load_json(dir_of("llama_sentencepiece_bpe") + "/tokenizer.json");
+  }
+  void TearDown() override { std::filesystem::remove_all(tmp_); }
+  std::string write(const std::string& text) {
+    const std::string p = tmp_ + "/tokenizer.json";
+    std::ofstream(p) << text;
+    return p;
+  }
+  // Expects `E` from loading `j`, with a message containing every needle.
+  template <class E>
+  void expect_error(const nlohmann::json& j, std::vector<std::string> needles) {
+    const std::string p = write(j.dump());
+    try {
+      Tokenizer::from_file(p);
+      ADD_FAILURE() << "no error for " << needles[0];
+    } catch (const E& e) {
+      for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+    }
+  }
+  std::string tmp_;
+  nlohmann::json base_;
+};
+
+TEST_F(BadFiles, TruncatedAndMalformed) {
+  const std::string full = base_.dump();
+  try {
+    Tokenizer::from_file(write(full.substr(0, full.size() / 2)));
+    ADD_FAILURE() << "truncated file accepted";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.json"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Tokenizer::from_file(tmp_ + "/missing.json"), InvalidInput);
+  auto j = base_;
+  j.erase("model");
+  expect_error<InvalidInput>(j, {"tokenizer.json", "model"});
+  j = base_;
+  j["model"]["merges"][3] = 42;
+  expect_error<InvalidInput>(j, {"tokenizer.json", "model.merges[3]"});
+  j = base_;
+  j["model"]["merges"][5] = {"no-such-token", "x"};
+  expect_error<InvalidInput>(j, {"model.merges[5]", "no-such-token"});
+  j = base_;
+  j["added_tokens"][0]["id"] = "one";
+  expect_error<InvalidInput>(j, {"added_tokens[0].id"});
+  j = base_;
+  j["normalizer"]["normalizers"][1].erase("content");
+  expect_error<InvalidInput>(j, {"normalizer.normalizers[1].content"});
+}
+
+TEST_F(BadFiles, UnknownComponentTypes) {
+  auto j = base_;
+  j["normalizer"]["normalizers"][0] = {{"type", "Lowercase"}};
+  expect_error<Unsupported>(j, {"normalizer", "Lowercase"});
+  j = base_;
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "x"}};
+  expect_error<Unsupported>(j, {"pre_tokenizer", "Metaspace"});
+  j = base_;
+  j["model"]["type"] = "Unigram";
+  expect_error<Unsupported>(j, {"model", "Unigram"});
+  j = base_;
+  j["decoder"]["decoders"][2] = {{"type", "CTC"}};
+  expect_error<Unsupported>(j, {"decoder.decoders[2]", "CTC"});
+  j = base_;
+  j["post_processor"] = {{"type", "Mystery"}};
+  expect_error<Unsupported>(j, {"post_processor", "Mystery"});
+  j = base_;
+  j["model"]["dropout"] = 0.1;
+  expect_error<Unsupported>(j, {"dropout"});
+}
+
+}  // namespace
+}  // namespace moex
