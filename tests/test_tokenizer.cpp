@@ -194,5 +194,53 @@ TEST_F(BadFiles, UnknownComponentTypes) {
   expect_error<Unsupported>(j, {"dropout"});
 }
 
+// Added-token options on a copy of the qwen2 fixture with one extra token: lstrip takes the
+// whitespace on its left into the token, rstrip the whitespace on its right, single_word only
+// matches between non-word characters, and normalized=false tokens are matched in the raw text.
+class AddedTokenFlags : public BadFiles {
+ protected:
+  Tokenizer with_token(const nlohmann::json& flags) {
+    auto j = load_json(dir_of("qwen2_bytelevel") + "/tokenizer.json");
+    nlohmann::json t = {{"id", 3000}, {"content", "<mask>"}, {"single_word", false}, {"lstrip", false},
+                        {"rstrip", false}, {"normalized", false}, {"special", true}};
+    if (flags.is_object()) t.update(flags);
+    j["added_tokens"].push_back(t);
+    return Tokenizer::from_file(write(j.dump()));
+  }
+};
+
+TEST_F(AddedTokenFlags, StripAndSingleWord) {
+  const Tokenizer plain = with_token({});
+  const Tokenizer base = Tokenizer::from_dir(dir_of("qwen2_bytelevel"));
+  auto concat = [](std::vector<int64_t> a, const std::vector<int64_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  EXPECT_EQ(plain.encode("a <mask> b"), concat(concat(base.encode("a "), {3000}), base.encode(" b")));
+  EXPECT_EQ(with_token({{"lstrip", true}}).encode("a  <mask> b"),
+            concat(concat(base.encode("a"), {3000}), base.encode(" b")));
+  EXPECT_EQ(with_token({{"rstrip", true}}).encode("a <mask>  b"),
+            concat(concat(base.encode("a "), {3000}), base.encode("b")));
+  const Tokenizer word = with_token({{"single_word", true}});
+  EXPECT_EQ(word.encode("x<mask>y"), base.encode("x<mask>y"));
+  EXPECT_EQ(word.encode("x <mask> y"), concat(concat(base.encode("x "), {3000}), base.encode(" y")));
+  EXPECT_EQ(plain.decode({3000}), "<mask>");
+  EXPECT_EQ(plain.decode({3000}, true), "");
+  EXPECT_TRUE(plain.is_special(3000));
+}
+
+TEST_F(BadFiles, TokenizerConfigNamesSpecialTokens) {
+  std::filesystem::copy_file(dir_of("llama_sentencepiece_bpe") + "/tokenizer.json", tmp_ + "/tokenizer.json");
+  std::ofstream(tmp_ + "/tokenizer_config.json")
+      << R"({"bos_token": "<s>", "eos_token": {"content": "</s>", "special": true}, "unk_token": "<unk>"})";
+  const Tokenizer tok = Tokenizer::from_dir(tmp_);
+  EXPECT_EQ(tok.bos_token_id(), std::optional<int64_t>(1));
+  EXPECT_EQ(tok.eos_token_id(), std::optional<int64_t>(2));
+  EXPECT_EQ(tok.unk_token_id(), std::optional<int64_t>(0));
+  EXPECT_FALSE(tok.pad_token_id().has_value());
+  std::ofstream(tmp_ + "/tokenizer_config.json") << "{\"bos_token\": ";
+  EXPECT_THROW(Tokenizer::from_dir(tmp_), InvalidInput);
+}
+
 }  // namespace
 }  // namespace moex

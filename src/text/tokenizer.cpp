@@ -81,9 +81,17 @@ struct TokenizerImpl {
 std::vector<TokenizerImpl::Segment> TokenizerImpl::split_added(const std::string& s,
                                                                const std::vector<AddedToken>& toks) {
   if (toks.empty()) return {{s, -1}};
+  // Only positions whose byte can start some token are tried.
+  bool first[256] = {};
+  for (const AddedToken& t : toks)
+    if (!t.content.empty()) first[static_cast<unsigned char>(t.content[0])] = true;
   std::vector<Segment> out;
   size_t emitted = 0, i = 0;
   while (i < s.size()) {
+    if (!first[static_cast<unsigned char>(s[i])]) {
+      ++i;
+      continue;
+    }
     const AddedToken* best = nullptr;
     for (const AddedToken& t : toks)
       if (!t.content.empty() && s.compare(i, t.content.size(), t.content) == 0 &&
