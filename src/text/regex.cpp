@@ -30,9 +30,13 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view subject)
       pcre2_match_data_create_from_pattern(code, nullptr), pcre2_match_data_free);
   std::vector<std::pair<size_t, size_t>> out;
   size_t start = 0;
+  // PCRE2 validates the whole subject as UTF-8 on every call; once is enough (and keeps a scan
+  // over n matches linear instead of quadratic). Later starts are always character boundaries.
+  uint32_t options = 0;
   while (start <= subject.size()) {
     const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(),
-                               start, 0, md.get(), nullptr);
+                               start, options, md.get(), nullptr);
+    options = PCRE2_NO_UTF_CHECK;
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR buf[256];
