@@ -44,7 +44,7 @@ TEST_P(Reference, EncodeAndDecodeMatchTokenizers) {
   const Tokenizer tok = Tokenizer::from_dir(dir_of(GetParam()));
   const auto ref = load_json(dir_of(GetParam()) + "/reference.json");
   const auto& cases = ref.at("cases");
-  ASSERT_EQ(cases.size(), 86u);
+  ASSERT_GE(cases.size(), 86u);
   int enc = 0, enc_ns = 0, toks = 0, dec = 0, dec_skip = 0;
   for (const auto& c : cases) {
     const std::string text = c.at("text");
@@ -65,8 +65,8 @@ TEST_P(Reference, EncodeAndDecodeMatchTokenizers) {
     EXPECT_EQ(d, c.at("decoded").get<std::string>()) << "text: " << text;
     EXPECT_EQ(ds, c.at("decoded_skip_special").get<std::string>()) << "text: " << text;
   }
-  std::printf("%s: exact of 86: encode %d, encode(no special) %d, tokens %d, decode %d, "
-              "decode(skip special) %d\n", GetParam().c_str(), enc, enc_ns, toks, dec, dec_skip);
+  std::printf("%s: exact of %zu: encode %d, encode(no special) %d, tokens %d, decode %d, "
+              "decode(skip special) %d\n", GetParam().c_str(), cases.size(), enc, enc_ns, toks, dec, dec_skip);
 }
 
 TEST_P(Reference, StreamingDecoderEmitsCompleteUtf8) {
@@ -92,6 +92,20 @@ TEST_P(Reference, StreamingDecoderEmitsCompleteUtf8) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Reference, ::testing::Values("qwen2_bytelevel", "o200k_bytelevel",
                                                          "deepseek_v3_bytelevel", "llama_sentencepiece_bpe"));
+// Options the four fixtures do not use (variants/make_variants.py: GPT-2 regex in ByteLevel with a
+// prefix space, NFKC, a TemplateProcessing with two specials, lstrip / rstrip / single_word /
+// normalized added tokens, every Split behavior, unk with and without fuse_unk, ignore_merges).
+INSTANTIATE_TEST_SUITE_P(Variants, Reference,
+                         ::testing::Values("variants/gpt2_regex_nfkc_flags", "variants/split_removed",
+                                           "variants/split_mergedwithprevious",
+                                           "variants/split_mergedwithnext",
+                                           "variants/split_contiguous_invert",
+                                           "variants/llama_unk_fused",
+                                           "variants/llama_unk_ignore_merges"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           return n.substr(n.find('/') + 1);
+                         });
 
 // A character split over byte tokens is held back until its last byte arrives.
 TEST(TokenizerStream, HoldsPartialCharacters) {
@@ -196,12 +210,13 @@ TEST_F(BadFiles, UnknownComponentTypes) {
 
 // Added-token options on a copy of the qwen2 fixture with one extra token: lstrip takes the
 // whitespace on its left into the token, rstrip the whitespace on its right, single_word only
-// matches between non-word characters, and normalized=false tokens are matched in the raw text.
+// matches between non-word characters, and normalized=false tokens are matched in the raw text
+// (id 1500: the next id after the vocab, as `tokenizers` numbers a new token).
 class AddedTokenFlags : public BadFiles {
  protected:
   Tokenizer with_token(const nlohmann::json& flags) {
     auto j = load_json(dir_of("qwen2_bytelevel") + "/tokenizer.json");
-    nlohmann::json t = {{"id", 3000}, {"content", "<mask>"}, {"single_word", false}, {"lstrip", false},
+    nlohmann::json t = {{"id", 1500}, {"content", "<mask>"}, {"single_word", false}, {"lstrip", false},
                         {"rstrip", false}, {"normalized", false}, {"special", true}};
     if (flags.is_object()) t.update(flags);
     j["added_tokens"].push_back(t);
@@ -216,17 +231,17 @@ TEST_F(AddedTokenFlags, StripAndSingleWord) {
     a.insert(a.end(), b.begin(), b.end());
     return a;
   };
-  EXPECT_EQ(plain.encode("a <mask> b"), concat(concat(base.encode("a "), {3000}), base.encode(" b")));
+  EXPECT_EQ(plain.encode("a <mask> b"), concat(concat(base.encode("a "), {1500}), base.encode(" b")));
   EXPECT_EQ(with_token({{"lstrip", true}}).encode("a  <mask> b"),
-            concat(concat(base.encode("a"), {3000}), base.encode(" b")));
+            concat(concat(base.encode("a"), {1500}), base.encode(" b")));
   EXPECT_EQ(with_token({{"rstrip", true}}).encode("a <mask>  b"),
-            concat(concat(base.encode("a "), {3000}), base.encode("b")));
+            concat(concat(base.encode("a "), {1500}), base.encode("b")));
   const Tokenizer word = with_token({{"single_word", true}});
   EXPECT_EQ(word.encode("x<mask>y"), base.encode("x<mask>y"));
-  EXPECT_EQ(word.encode("x <mask> y"), concat(concat(base.encode("x "), {3000}), base.encode(" y")));
-  EXPECT_EQ(plain.decode({3000}), "<mask>");
-  EXPECT_EQ(plain.decode({3000}, true), "");
-  EXPECT_TRUE(plain.is_special(3000));
+  EXPECT_EQ(word.encode("x <mask> y"), concat(concat(base.encode("x "), {1500}), base.encode(" y")));
+  EXPECT_EQ(plain.decode({1500}), "<mask>");
+  EXPECT_EQ(plain.decode({1500}, true), "");
+  EXPECT_TRUE(plain.is_special(1500));
 }
 
 TEST_F(BadFiles, TokenizerConfigNamesSpecialTokens) {
