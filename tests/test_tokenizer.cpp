@@ -107,17 +107,30 @@ INSTANTIATE_TEST_SUITE_P(Variants, Reference,
                            return n.substr(n.find('/') + 1);
                          });
 
-// A character split over byte tokens is held back until its last byte arrives.
+// A character split over byte tokens is held back until it is complete (byte-level) or until the
+// run of <0xNN> tokens ends (ByteFallback, where one bad byte would turn the run into U+FFFDs).
 TEST(TokenizerStream, HoldsPartialCharacters) {
-  const Tokenizer tok = Tokenizer::from_dir(dir_of("llama_sentencepiece_bpe"));
-  const auto ids = tok.encode("한", false);  // byte fallback: <0xED> <0x95> <0x9C>
-  ASSERT_GE(ids.size(), 3u);
-  Tokenizer::Decoder d(tok);
-  std::string out;
-  for (size_t i = 0; i + 1 < ids.size(); ++i) out += d.step(ids[i]);
-  EXPECT_EQ(out, "");
-  out += d.step(ids.back());
-  EXPECT_EQ(out + d.finish(), "한");
+  const Tokenizer llama = Tokenizer::from_dir(dir_of("llama_sentencepiece_bpe"));
+  const auto ids = llama.encode("한a", false);  // ▁ <0xED> <0x95> <0x9C> a
+  ASSERT_EQ(ids.size(), 5u);
+  Tokenizer::Decoder d(llama);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(d.step(ids[i]), "") << i;
+  EXPECT_EQ(d.step(ids[4]), "한a");
+  EXPECT_EQ(d.finish(), "");
+  // Valid bytes followed by a byte that never completes: the stream agrees with decode().
+  const std::vector<int64_t> bad = {*llama.token_to_id("<0x41>"), *llama.token_to_id("<0xAA>")};
+  Tokenizer::Decoder d2(llama);
+  std::string out = d2.step(bad[0]) + d2.step(bad[1]);
+  EXPECT_EQ(out + d2.finish(), llama.decode(bad));
+
+  const Tokenizer qwen = Tokenizer::from_dir(dir_of("qwen2_bytelevel"));
+  const auto q = qwen.encode("한", false);
+  ASSERT_GE(q.size(), 2u);
+  Tokenizer::Decoder d3(qwen);
+  std::string got;
+  for (size_t i = 0; i + 1 < q.size(); ++i) got += d3.step(q[i]);
+  EXPECT_EQ(got, "");
+  EXPECT_EQ(d3.step(q.back()), "한");
 }
 
 TEST(TokenizerApi, SpecialTokensAndVocab) {

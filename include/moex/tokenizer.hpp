@@ -73,14 +73,13 @@ class Tokenizer {
 
   // Streaming decode: feed ids one at a time, get the text they complete. Text is emitted only
   // when the decoded tail does not end in U+FFFD, so a character whose bytes span several tokens
-  // comes out whole once its last byte arrives; finish() flushes what is held back (as U+FFFD if
-  // it never completes). The concatenation of all step() results and finish() equals
-  // decode(all ids, skip_special_tokens), with one exception that text already emitted cannot
-  // undo: a ByteFallback run of <0xNN> tokens that was valid UTF-8 when emitted and is followed by
-  // byte tokens that never complete a character (decode() then replaces the whole run with U+FFFD,
-  // the stream keeps the emitted part). Every returned string is valid UTF-8. finish() ends the
-  // stream; the decoder then starts a new one. Unknown ids throw InvalidInput and leave the state
-  // unchanged. The decoder keeps its own reference to the tokenizer's data.
+  // comes out whole once its last byte arrives; with a ByteFallback decoder, a run of <0xNN>
+  // tokens comes out when the first other token arrives (one invalid byte turns the whole run
+  // into U+FFFDs, so its text is known only then). finish() flushes what is held back. The
+  // concatenation of all step() results and finish() equals decode(all ids, skip_special_tokens).
+  // Every returned string is valid UTF-8. finish() ends the stream; the decoder then starts a new
+  // one. Unknown ids throw InvalidInput and leave the state unchanged. The decoder keeps its own
+  // reference to the tokenizer's data.
   class Decoder {
    public:
     explicit Decoder(const Tokenizer& tokenizer, bool skip_special_tokens = false);

@@ -65,6 +65,9 @@ class DecodeStep {
 };
 std::unique_ptr<DecodeStep> make_decoder(const json& j, const Where& w);
 
+// The byte of a ByteFallback token "<0xNN>", or -1 for any other token.
+int byte_token_value(const std::string& token);
+
 // GPT-2's reversible byte <-> printable character map used by ByteLevel.
 const std::string& byte_to_char(unsigned char b);
 // The byte a byte-level character stands for, or -1.

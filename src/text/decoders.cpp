@@ -44,13 +44,6 @@ class ReplaceDecode : public DecodeStep {
   Replacer r_;
 };
 
-int hex_digit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  return -1;
-}
-
 class ByteFallbackDecode : public DecodeStep {
  public:
   std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override {
@@ -66,10 +59,9 @@ class ByteFallbackDecode : public DecodeStep {
       run.clear();
     };
     for (std::string& t : tokens) {
-      const bool is_byte = t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
-                           hex_digit(t[3]) >= 0 && hex_digit(t[4]) >= 0;
-      if (is_byte) {
-        run += static_cast<char>(hex_digit(t[3]) * 16 + hex_digit(t[4]));
+      const int b = byte_token_value(t);
+      if (b >= 0) {
+        run += static_cast<char>(b);
       } else {
         flush();
         out.push_back(std::move(t));
@@ -145,6 +137,17 @@ class SequenceDecode : public DecodeStep {
 };
 
 }  // namespace
+
+int byte_token_value(const std::string& t) {
+  auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>' || hex(t[3]) < 0 || hex(t[4]) < 0) return -1;
+  return hex(t[3]) * 16 + hex(t[4]);
+}
 
 std::unique_ptr<DecodeStep> make_decoder(const json& j, const Where& w) {
   const std::string t = type_of(j, w);

@@ -68,6 +68,7 @@ struct TokenizerImpl {
   std::unordered_map<std::string, int64_t> token_to_id;
   std::set<int64_t> special;
   std::optional<int64_t> bos, eos, pad, unk;
+  bool byte_fallback_decoder = false;  // the decoder chain has a ByteFallback step
 
   struct Segment {
     std::string text;
@@ -237,7 +238,10 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   if (mtype != "BPE") text::unsupported(w.at("model"), "model type '" + mtype + "'");
   impl->model = std::make_unique<text::Bpe>(model, w.at("model"));
   if (const json* p = optional("post_processor")) load_post(*p, w.at("post_processor"), impl->post);
-  if (const json* d = optional("decoder")) impl->decoder = text::make_decoder(*d, w.at("decoder"));
+  if (const json* d = optional("decoder")) {
+    impl->decoder = text::make_decoder(*d, w.at("decoder"));
+    impl->byte_fallback_decoder = d->dump().find("\"ByteFallback\"") != std::string::npos;
+  }
 
   for (const auto& [tok, id] : impl->model->vocab()) {
     impl->id_to_token[id] = tok;
@@ -334,6 +338,12 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special
     for (size_t i = 0; i < toks.size(); ++i) out += (i ? " " : "") + toks[i];
   }
   return text::utf8_lossy(out);
+}
+
+bool stream_holds(const TokenizerImpl& impl, int64_t id) {
+  if (!impl.byte_fallback_decoder) return false;
+  auto it = impl.id_to_token.find(id);
+  return it != impl.id_to_token.end() && text::byte_token_value(it->second) >= 0;
 }
 
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->id_to_token.size()); }
