@@ -90,8 +90,35 @@ TEST_P(Reference, StreamingDecoderEmitsCompleteUtf8) {
   }
 }
 
+// Random strings and random id lists (random/make_random.py): encode, decode and the stream.
+class RandomReference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RandomReference, StringsAndIds) {
+  const std::string name = GetParam();
+  const Tokenizer tok = Tokenizer::from_dir(dir_of(name));
+  const auto ref = load_json(dir_of("random/" + name + ".json"));
+  ASSERT_EQ(ref.at("cases").size(), 200u);
+  for (const auto& c : ref.at("cases")) {
+    const std::string text = c.at("text");
+    const auto ids = c.at("ids").get<std::vector<int64_t>>();
+    EXPECT_EQ(tok.encode(text), ids) << nlohmann::json(text).dump();
+    EXPECT_EQ(tok.encode(text, false), c.at("ids_no_special").get<std::vector<int64_t>>()) << nlohmann::json(text).dump();
+    EXPECT_EQ(tok.decode(c.at("ids_no_special").get<std::vector<int64_t>>()), c.at("decoded").get<std::string>());
+    EXPECT_EQ(tok.decode(ids, true), c.at("decoded_skip_special").get<std::string>());
+    const auto rnd = c.at("random_ids").get<std::vector<int64_t>>();
+    EXPECT_EQ(tok.decode(rnd), c.at("random_ids_decoded").get<std::string>());
+    Tokenizer::Decoder d(tok);
+    std::string all;
+    for (int64_t id : rnd) all += d.step(id);
+    EXPECT_EQ(all + d.finish(), c.at("random_ids_decoded").get<std::string>());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, Reference, ::testing::Values("qwen2_bytelevel", "o200k_bytelevel",
                                                          "deepseek_v3_bytelevel", "llama_sentencepiece_bpe"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, RandomReference,
+                         ::testing::Values("qwen2_bytelevel", "o200k_bytelevel", "deepseek_v3_bytelevel",
+                                           "llama_sentencepiece_bpe"));
 // Options the four fixtures do not use (variants/make_variants.py: GPT-2 regex in ByteLevel with a
 // prefix space, NFKC, a TemplateProcessing with two specials, lstrip / rstrip / single_word /
 // normalized added tokens, every Split behavior, unk with and without fuse_unk, ignore_merges).
