@@ -2,7 +2,8 @@
 # Installs the Debian packages moex needs to build and test (idempotent; quick when present).
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmark-dev
-      nlohmann-json3-dev clang libclang-rt-14-dev libomp-14-dev)
+      nlohmann-json3-dev clang libclang-rt-14-dev libomp-14-dev
+      libpcre2-dev libutf8proc-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,39 @@
+// `moex tokenize`: text -> ids and tokens, or ids -> text, with the tokenizer.json of a model
+// directory (a directory holding only tokenizer.json is enough). Prints one JSON object.
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/args.hpp"
+#include "cli/command.hpp"
+#include "moex/error.hpp"
+#include "moex/tokenizer.hpp"
+
+namespace moex::cli {
+namespace {
+
+int run_tokenize(const std::vector<std::string>& argv) {
+  Args a(argv, {"model", "text", "decode"}, {"no-special-tokens", "skip-special-tokens"});
+  const Tokenizer tok = Tokenizer::from_dir(a.require("model"));
+  if (a.has("text") == a.has("decode")) throw InvalidInput("give exactly one of --text and --decode");
+  nlohmann::json j;
+  if (a.has("text")) {
+    if (a.has("skip-special-tokens")) throw InvalidInput("--skip-special-tokens goes with --decode");
+    const auto ids = tok.encode(*a.get("text"), !a.has("no-special-tokens"));
+    j["ids"] = ids;
+    j["tokens"] = tok.tokens(ids);
+  } else {
+    if (a.has("no-special-tokens")) throw InvalidInput("--no-special-tokens goes with --text");
+    j["text"] = tok.decode(a.get_int_list("decode", {}), a.has("skip-special-tokens"));
+  }
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+const Registration kTokenize({"tokenize",
+                              "encode text (--model DIR --text T [--no-special-tokens]) or decode ids "
+                              "(--model DIR --decode 1,2,3 [--skip-special-tokens]) as JSON",
+                              run_tokenize});
+
+}  // namespace
+}  // namespace moex::cli
