@@ -110,5 +110,25 @@ TEST_F(Layouts, Fp32CheckpointLoadedAsBf16EqualsTheBf16Checkpoint) {
   EXPECT_EQ(a.to_float_vector(), b.to_float_vector());
 }
 
+// A MoE-layer step of 0 (every step-th layer is a MoE layer) is refused with the key's name
+// instead of dividing by zero (it used to kill the process with SIGFPE).
+TEST_F(Layouts, DecoderSparseStepZeroIsAnError) {
+  for (const char* model : {"qwen2_moe", "qwen3_moe"}) {
+    auto src = Checkpoint::open(test::data_path(std::string("hf-tiny/") + model + "/checkpoint_fp32"));
+    for (int step : {0, -2}) {
+      nlohmann::json cfg = src->config();
+      cfg["decoder_sparse_step"] = step;
+      const std::string dir = write(std::string(model) + "_step" + std::to_string(step + 2),
+                                    all_tensors(*src), cfg);
+      try {
+        from_pretrained(dir);
+        FAIL() << model << ": expected an error for decoder_sparse_step " << step;
+      } catch (const InvalidInput& e) {
+        EXPECT_NE(std::string(e.what()).find("decoder_sparse_step"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moex

@@ -35,6 +35,10 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
   const bool qkv_bias = c.get_bool(flags_.qkv_bias_key, flags_.qkv_bias_default);
   const bool o_bias = flags_.o_bias_follows && qkv_bias;
   const int64_t sparse_step = flags_.sparse_step ? c.get_int("decoder_sparse_step", 1) : 1;
+  // Every sparse_step-th layer is a MoE layer: 0 or a negative step would divide by zero below.
+  if (sparse_step < 1)
+    throw InvalidInput(c.where + ": decoder_sparse_step must be >= 1, got " +
+                       std::to_string(sparse_step));
   std::vector<int64_t> mlp_only;
   if (flags_.sparse_step && c.has("mlp_only_layers"))
     mlp_only = c.json["mlp_only_layers"].get<std::vector<int64_t>>();
