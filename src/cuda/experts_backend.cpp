@@ -3,7 +3,6 @@
 
 #include <mutex>
 #include <unordered_map>
-#include <vector>
 
 #include "cuda/runtime.hpp"
 
@@ -11,35 +10,17 @@ namespace moex::cuda {
 
 namespace {
 
-// Per-weights state: workspaces per stream. Grow-only, and old buffers are kept (not recycled)
-// until this object dies, because a captured graph may still point into them.
+// Per-weights state: one grow-only Workspace per stream (moex/context.hpp: old blocks stay
+// allocated until this object dies, because a captured graph may still point into them).
 struct CudaPrepared : PreparedExperts {
   int device = 0;
   std::mutex mu;
-  struct Buffer {
-    void* ptr = nullptr;
-    size_t bytes = 0;
-  };
-  std::unordered_map<cudaStream_t, Buffer> current;
-  std::vector<void*> retired;
+  std::unordered_map<cudaStream_t, Workspace> per_stream;
 
   void* workspace(cudaStream_t s, size_t bytes, bool capturing) {
     std::lock_guard<std::mutex> lock(mu);
-    Buffer& b = current[s];
-    if (b.bytes < bytes) {
-      if (capturing)
-        throw DeviceError("experts workspace would have to grow to " + std::to_string(bytes) +
-                          " bytes during graph capture; run the same call once before capturing");
-      if (b.ptr) retired.push_back(b.ptr);
-      size_t cap = 0;
-      b.ptr = cache_alloc(bytes, device, &cap);
-      b.bytes = cap;
-    }
-    return b.ptr;
-  }
-  ~CudaPrepared() override {
-    for (auto& [s, b] : current) cache_free(b.ptr, device);
-    for (void* p : retired) cache_free(p, device);
+    auto it = per_stream.try_emplace(s, Device::cuda(device)).first;
+    return it->second.get(bytes, capturing);
   }
 };
 
