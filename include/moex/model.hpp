@@ -152,11 +152,11 @@ class CausalLM {
   // Prepares every registered experts module for the backend `map` names for its sub-config.
   void prepare_experts(const ExpertsImplementation& map) const;
 
-  // Forward of `tokens` (B rows of step.tokens ids, row-major) at positions step.past.. using
-  // and extending `cache`. Returns float32 logits [B * step.tokens, V], or [B, V] (the last
-  // position of each sequence) when last_only. Ids are already validated.
-  virtual Tensor forward(const std::vector<int64_t>& tokens, const model::Step& step,
-                         model::KVCache& cache, bool last_only) = 0;
+  // Forward of step.ids (B rows of step.tokens ids, row-major) at cache columns step.past..
+  // using and extending `cache`. Returns logits [B * step.tokens, V], or [B, V] (the last
+  // position of each sequence) when last_only, on the model's device in its activation storage
+  // dtype (float32 on the host). Ids are already validated.
+  virtual Tensor forward(model::Step& step, model::KVCache& cache, bool last_only) = 0;
 
   ModelInfo info_;
   std::vector<int64_t> eos_;

@@ -99,8 +99,7 @@ class DecoderLM : public CausalLM {
   DType act() const { return info_.dtype; }
   const std::string& prefix() const { return prefix_; }  // "model." or "model.language_model."
 
-  Tensor forward(const std::vector<int64_t>& tokens, const Step& step, KVCache& cache,
-                 bool last_only) final;
+  Tensor forward(Step& step, KVCache& cache, bool last_only) final;
 
  private:
   DecoderConfig cfg_;

@@ -142,7 +142,9 @@ Tensor CausalLM::logits(const Tensor& input_ids) {
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
   model::KVCache cache(B, info_.num_layers, T);
   model::Step step{B, T, 0};
-  Tensor out = forward(input_ids.to_int_vector(), step, cache, false);
+  step.ids = input_ids.to_int_vector();
+  // The public result is float32 on the host, whatever the device computed in.
+  Tensor out = forward(step, cache, false).to(Device::cpu()).to(DType::kF32);
   return out.view({B, T, out.size(1)});
 }
 

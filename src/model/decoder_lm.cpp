@@ -143,9 +143,9 @@ std::vector<bool> DecoderLM::sliding_layers(bool (*fallback)(int64_t layer)) con
   return sliding;
 }
 
-Tensor DecoderLM::forward(const std::vector<int64_t>& tokens, const Step& step, KVCache& cache,
-                          bool last_only) {
-  Tensor h = ops::embedding(embed_, tokens, act());
+Tensor DecoderLM::forward(Step& step, KVCache& cache, bool last_only) {
+  ops::make_device_step(step, info_.device);  // the step's one upload (CUDA)
+  Tensor h = ops::embedding(embed_, step, act());
   for (int64_t l = 0; l < cfg_.num_layers; ++l) layer_forward(l, h, step, cache.layers[size_t(l)]);
   // Only the last position of each sequence feeds the head (what generation needs).
   if (last_only && step.tokens > 1) h = ops::last_rows(h, step);

@@ -64,7 +64,11 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   auto t0 = Clock::now();
   stats_.prepare_seconds = std::chrono::duration<double>(t0 - tp).count();
   Tensor logits;
-  if (options.max_new_tokens > 0) logits = forward(prompt, model::Step{B, T, 0}, cache, true);
+  if (options.max_new_tokens > 0) {
+    model::Step step{B, T, 0};
+    step.ids = prompt;
+    logits = forward(step, cache, true);
+  }
   auto t1 = Clock::now();
   stats_.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
 
@@ -72,15 +76,15 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   // restores the caller's map when this scope ends, normally or by an exception.
   std::optional<ScopedExpertsImplementation> decode_guard;
   for (int64_t n = 0; n < options.max_new_tokens; ++n) {
-    std::vector<int64_t> next(static_cast<size_t>(B));
+    // One choice for every row (on the model's device; the ids come back to the host).
+    std::vector<int64_t> next = ops::choose_tokens(logits, options.do_sample ? &sampling : nullptr, rng);
     bool all_done = true;
     for (int64_t b = 0; b < B; ++b) {
       if (stop_token[size_t(b)] >= 0) {
         next[size_t(b)] = stop_token[size_t(b)];
         continue;
       }
-      const int64_t tok = options.do_sample ? ops::sample_row(logits, b, sampling, rng) : ops::argmax_row(logits, b);
-      next[size_t(b)] = tok;
+      const int64_t tok = next[size_t(b)];
       if (std::find(eos.begin(), eos.end(), tok) != eos.end()) stop_token[size_t(b)] = tok;
       else all_done = false;
     }
@@ -95,7 +99,9 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
         decode_guard.emplace(*this, impl_);
       }
     }
-    logits = forward(next, model::Step{B, 1, T + n}, cache, true);
+    model::Step step{B, 1, T + n};
+    step.ids = next;
+    logits = forward(step, cache, true);
   }
 
   const int64_t L = int64_t(seqs[0].size());

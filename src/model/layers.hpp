@@ -25,7 +25,7 @@ using ops::Routing;
 // include/moex/model.hpp forward-declares model::Step and model::KVCache (CausalLM::forward takes
 // them), so they are types of their own; they are the ops' step and cache.
 struct Step : ops::Step {
-  Step(int64_t batch, int64_t tokens, int64_t past) : ops::Step{batch, tokens, past} {}
+  Step(int64_t batch, int64_t tokens, int64_t past) : ops::Step(batch, tokens, past) {}
 };
 struct KVCache : ops::KVCache {
   using ops::KVCache::KVCache;

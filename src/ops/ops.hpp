@@ -4,15 +4,18 @@
 // a layer's steps) and calls only these functions; each op here validates nothing (the model API
 // and the loader did), dispatches on the device of its tensors in ONE place (src/ops/dispatch.cpp)
 // and runs an implementation under src/ops/<device>/. This build has host implementations
-// (src/ops/cpu/*); the CUDA branch of the dispatch throws Unsupported naming the op. Models never
-// reach it today: with --device cuda only the experts weights live on the GPU and the model keeps
-// its activations on the host (see run_experts in src/model/layers.cpp).
+// (src/ops/cpu/*) and, in CUDA builds, device implementations (src/ops/cuda/*) that run on the
+// calling thread's current stream of the tensors' device, allocate from the caching allocator and
+// never synchronise the host (except choose_tokens, which returns host ids).
 //
 // Conventions shared by every op:
-// - Activations are contiguous float32 tensors [rows, width], rows = B sequences x T new tokens,
-//   sequence-major (row = b * T + t). They hold values of the model's activation dtype `act`:
-//   an op rounds its outputs to `act` (round to nearest even; a no-op for float32) exactly where
-//   transformers produces a tensor of that dtype, and says so below. Sums, statistics and
+// - Activations are contiguous tensors [rows, width], rows = B sequences x T new tokens,
+//   sequence-major (row = b * T + t), holding values of the model's activation dtype `act`: an op
+//   rounds its outputs to `act` (round to nearest even; a no-op for float32) exactly where
+//   transformers produces a tensor of that dtype, and says so below. Their storage dtype is the
+//   device's: float32 on the host (exact for bf16 values), `act` itself on CUDA (what cuBLASLt
+//   and the experts read). Outputs the contract calls float32 (router logits of DeepSeek, routing
+//   weights) are float32 on every device. Ops accept either storage dtype as input. Sums, statistics and
 //   softmaxes accumulate in float32 (some in double where noted), in a fixed order, so results
 //   do not depend on the thread count.
 // - Weights are tensors of any float dtype ([out, in] for linears), read in place.
@@ -31,21 +34,51 @@ namespace moex::ops {
 
 // ---- one forward call ----
 
-// `batch` sequences, each with `tokens` new tokens at positions past .. past + tokens - 1.
+// `batch` sequences, each with `tokens` new tokens written at cache columns past .. past +
+// tokens - 1 (every sequence advances together).
+//
+// Left padding (transformers' padding_side="left" with an attention mask): the first pad[b]
+// cache columns of sequence b hold padding. They are never attended to (a query that sees no
+// other key, i.e. a padding row, gets zeros), and the rope position of column c is c - pad[b]
+// (transformers' position_ids = cumsum(mask) - 1; padding rows get 1, its masked_fill value).
 struct Step {
   int64_t batch = 1;
   int64_t tokens = 1;
-  int64_t past = 0;  // tokens already in the cache (same for every sequence: no padding)
+  int64_t past = 0;          // cache columns already filled
+  std::vector<int64_t> pad;  // [batch] left-padding columns per sequence; empty = none
+  std::vector<int64_t> ids;  // [rows] the token ids fed (row-major), read by embedding()
+  // CUDA forwards: the same facts on the device, int32 [1 + batch + 2 * rows] =
+  // {past, pad[batch], position[rows], id[rows]}: the step's one host->device upload
+  // (make_device_step), read by the CUDA ops instead of the host fields above, so that the
+  // kernels of a step do not depend on host values (what a captured graph needs). Undefined on
+  // the host.
+  Tensor device;
+
+  Step() = default;
+  Step(int64_t b, int64_t t, int64_t p) : batch(b), tokens(t), past(p) {}
   int64_t rows() const { return batch * tokens; }
-  int64_t position(int64_t row) const { return past + row % tokens; }
+  int64_t column(int64_t row) const { return past + row % tokens; }
+  int64_t pad_of(int64_t b) const { return pad.empty() ? 0 : pad[size_t(b)]; }
+  // The rope position of a row (see above).
+  int64_t position(int64_t row) const {
+    const int64_t c = column(row), p = pad_of(row / tokens);
+    return c < p ? 1 : c - p;
+  }
 };
+
+// Fills step.device on `device` from the host fields (one upload). Offsets of its parts:
+inline int64_t device_step_pad_offset() { return 1; }
+inline int64_t device_step_position_offset(const Step& s) { return 1 + s.batch; }
+inline int64_t device_step_id_offset(const Step& s) { return 1 + s.batch + s.rows(); }
+void make_device_step(Step& step, Device device);
 
 // ---- KV cache ----
 
-// Keys and values of one layer: k float32 [batch, capacity, k_dim], v [batch, capacity, v_dim]
-// (k_dim = kv_heads * head_dim_k), holding act values; positions [0, length) are filled. Fixed
-// shapes per capacity, so that a device cache can later be allocated once (and captured).
-// Allocated by the first kv_append with max(capacity_hint, what that append needs) positions;
+// Keys and values of one layer: k [batch, capacity, k_dim], v [batch, capacity, v_dim]
+// (k_dim = kv_heads * head_dim_k) in the activation storage dtype of their device (float32
+// holding act values on the host, act on CUDA); columns [0, length) are filled. Fixed shapes per
+// capacity, so that a step's kernels see fixed shapes (and can be captured).
+// Allocated by the first kv_append with max(capacity_hint, what that append needs) columns;
 // an append past the capacity doubles it (copying what is cached).
 struct LayerKV {
   Tensor k, v;
@@ -64,7 +97,7 @@ struct KVCache {
   int64_t length() const;  // positions cached (layer 0)
 };
 
-// Appends k [rows, k_dim] and v [rows, v_dim] (row b * T + t -> sequence b, position past + t;
+// Appends k [rows, k_dim] and v [rows, v_dim] (row b * T + t -> sequence b, column past + t;
 // step.past == kv.length(): every sequence advances together).
 void kv_append(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step);
 
@@ -83,8 +116,9 @@ void gated_activation_(Tensor& gate, const Tensor& up, Activation act_fn, DType 
 // gate_logit [rows, 1], y and shared [rows, H].
 void add_gated_(Tensor& y, const Tensor& shared, const Tensor& gate_logit, DType act);
 
-// Rows `ids` of table [V, H] (any float dtype) -> float32 [ids.size(), H], rounded to act.
-Tensor embedding(const Tensor& table, const std::vector<int64_t>& ids, DType act);
+// Rows step.ids of table [V, H] (any float dtype) -> [step.rows(), H] on the table's device,
+// rounded to act. (Ids were validated by the model.)
+Tensor embedding(const Tensor& table, const Step& step, DType act);
 // Columns [begin, begin + width) of each of the `groups` equal column groups of x
 // [rows, groups * g] -> [rows, groups * width]. groups = 1: a plain column slice.
 // (DeepSeek MLA: the latent / rope parts of kv_a_proj, and k_nope / v of each kv_b_proj head.)
@@ -224,5 +258,12 @@ struct SamplingSpec {
   float top_p = 1.0f;        // in (0, 1]; 1 = off
 };
 int64_t sample_row(const Tensor& logits, int64_t row, const SamplingSpec& spec, std::mt19937_64& rng);
+
+// The next token of every row of logits [B, V] -> B host ids: argmax when `sampling` is null,
+// else a draw. Host: argmax_row / sample_row with `rng`. CUDA: one kernel over all rows and one
+// device->host copy of the ids (the step's one download); each draw takes a 64-bit seed from
+// `rng` and derives its uniform number from (seed, row) with a counter-based hash, so a seed
+// reproduces a run on the same device (the streams of the host and the device differ).
+std::vector<int64_t> choose_tokens(const Tensor& logits, const SamplingSpec* sampling, std::mt19937_64& rng);
 
 }  // namespace moex::ops

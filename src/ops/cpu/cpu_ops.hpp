@@ -41,7 +41,7 @@ void add_(Tensor& a, const Tensor& b, DType act);
 void clamp_(Tensor& x, float limit);
 void gated_activation_(Tensor& gate, const Tensor& up, Activation act_fn, DType act);
 void add_gated_(Tensor& y, const Tensor& shared, const Tensor& gate_logit, DType act);
-Tensor embedding(const Tensor& table, const std::vector<int64_t>& ids, DType act);
+Tensor embedding(const Tensor& table, const Step& step, DType act);
 Tensor slice_columns(const Tensor& x, int64_t groups, int64_t begin, int64_t width);
 Tensor concat_columns(const Tensor& a, const Tensor& b, int64_t groups, bool b_shared);
 Tensor last_rows(const Tensor& x, const Step& step);

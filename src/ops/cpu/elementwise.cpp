@@ -74,7 +74,8 @@ void add_gated_(Tensor& y, const Tensor& shared, const Tensor& gate_logit, DType
   }
 }
 
-Tensor embedding(const Tensor& table, const std::vector<int64_t>& ids, DType act) {
+Tensor embedding(const Tensor& table, const Step& step, DType act) {
+  const std::vector<int64_t>& ids = step.ids;
   const int64_t h = table.size(1);
   Tensor out = Tensor::empty({int64_t(ids.size()), h}, DType::kF32);
   float* o = out.data<float>();

@@ -1,0 +1,65 @@
+// CUDA implementations of the ops in src/ops/ops.hpp (same names, same contracts), reached only
+// through the dispatch in src/ops/dispatch.cpp, compiled in CUDA builds only.
+//
+// Device conventions (ops.hpp says what is computed; this says how it runs on a GPU):
+// - Activations are stored in `act` itself (bf16 / f16 / f32 tensors), so that cuBLASLt and the
+//   experts read them directly; inputs of another float dtype are accepted (an op reads any of
+//   f32 / f16 / bf16 and writes its documented dtype). Weights and norm vectors may be any float
+//   dtype. Outputs are new tensors from the caching allocator, or the argument (in-place ops).
+// - Everything runs on moex::cuda::current_stream() of the tensors' device; nothing
+//   synchronises the host or allocates with cudaMalloc once warm (choose_tokens returns host
+//   ids: its one device->host copy is the step's download).
+// - Per-step facts (past, pads, positions, ids) are read from step.device (see ops.hpp), never
+//   from the host fields, so that a step's launches are the same at every decode step: grids
+//   are sized from shapes and capacities, not from the cache length.
+// - Arithmetic follows the host implementation's rounding points (ops.hpp); accumulation order
+//   may differ (parallel reductions), so results agree to float32 rounding, not bit for bit,
+//   except where an op says it is exact (routing choices, argmax, element-wise ops).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "ops/ops.hpp"
+
+namespace moex::ops::cuda {
+
+void make_device_step(Step& step, Device device);
+
+void kv_append(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step);
+
+void round_(Tensor& x, DType act);
+void add_(Tensor& a, const Tensor& b, DType act);
+void clamp_(Tensor& x, float limit);
+void gated_activation_(Tensor& gate, const Tensor& up, Activation act_fn, DType act);
+void add_gated_(Tensor& y, const Tensor& shared, const Tensor& gate_logit, DType act);
+Tensor embedding(const Tensor& table, const Step& step, DType act);
+Tensor slice_columns(const Tensor& x, int64_t groups, int64_t begin, int64_t width);
+Tensor concat_columns(const Tensor& a, const Tensor& b, int64_t groups, bool b_shared);
+Tensor last_rows(const Tensor& x, const Step& step);
+
+// Out of place (no clone + in-place pass) and in place.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, DType act, int64_t group, RmsNormStyle style);
+void rms_norm_(Tensor& x, const Tensor& weight, float eps, DType act, int64_t group, RmsNormStyle style);
+
+// cos/sin computed in the kernel exactly as Rope::cos_sin does on the host (float32 product of
+// inv_freq and the position, cos/sin in double, scaled, rounded), positions from step.device.
+void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const Rope& rope,
+           RopeLayout layout, const Step& step, DType act);
+
+// cuBLASLt (fp32 without TF32; bf16 / f16 with float32 accumulation), bias and rounding in the
+// epilogue.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act);
+
+Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const AttentionSpec& spec, DType act);
+
+// Exact: the same experts, slot order and weights (to float32 rounding of the softmax) as the
+// host's torch_topk-based routers; top_k_index int64 and top_k_weights float32 on the device.
+Routing softmax_topk(const Tensor& logits, int64_t k, bool normalize, DType weights_dtype);
+Routing topk_softmax(const Tensor& logits, int64_t k, DType act);
+Routing sigmoid_group_topk(const Tensor& logits, const Tensor& correction, const GroupLimitedTopk& spec);
+
+std::vector<int64_t> choose_tokens(const Tensor& logits, const SamplingSpec* sampling, std::mt19937_64& rng);
+
+}  // namespace moex::ops::cuda
