@@ -53,8 +53,8 @@ struct LoadOptions {
   // Weight and activation dtype; nullopt = the checkpoint's config "dtype" / "torch_dtype"
   // (float32 when absent). float32 and bfloat16 are supported.
   std::optional<DType> dtype;
-  // cpu: everything on the host. cuda[:i]: the experts weights live on that GPU and the experts
-  // backends run there (activations are copied per MoE layer); the other ops stay on the host.
+  // cpu: everything on the host. cuda[:i]: every weight, the KV cache and every op of the model
+  // on that GPU (weights are copied from the memory-mapped files straight to the device).
   Device device = Device::cpu();
   ExpertsImplementation experts_implementation;  // {} = the default everywhere
 };
@@ -106,6 +106,10 @@ struct ModelInfo {
   int64_t experts_per_token = 0;    // k
   int64_t parameter_count = 0;      // elements of every tensor in the checkpoint
   std::vector<std::string> sub_configs;  // e.g. {"text_config", "vision_config"}; {} for plain LMs
+  // Load statistics (from_pretrained): bytes of the weights placed on `device` (after dtype
+  // conversion) and the wall time of the whole load, file reads and copies included.
+  int64_t weight_bytes = 0;
+  double load_seconds = 0;
 };
 
 // A loaded model. Architectures derive from model::DecoderLM (src/model/architecture.hpp).
@@ -163,6 +167,7 @@ class CausalLM {
 
  private:
   friend class ScopedExpertsImplementation;
+  friend std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const LoadOptions& options);
   ExpertsImplementation resolve(const ExpertsImplementation& requested,
                                 const ExpertsImplementation& base) const;
   void validate_ids(const Tensor& input_ids) const;

@@ -15,6 +15,9 @@ std::shared_ptr<Storage> device_alloc(size_t bytes, Device device);
 // Copies between any two devices (host <-> CUDA, CUDA <-> CUDA) and waits for completion.
 void device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
 int cuda_device_count();  // 0 without GPU or without CUDA support; never throws
+// Bytes a new allocation on `device` can get: the driver's free memory plus the blocks the
+// caching allocator holds unused (released to the driver first). 0 without CUDA.
+size_t device_free_bytes(Device device);
 // The calling thread's current stream of a CUDA device, as cudaStream_t (moex::cuda::current_stream).
 void* current_stream(Device device);
 

@@ -15,6 +15,7 @@ void device_copy(void*, Device dst, const void*, Device src, size_t) {
                     " requested, but this moex was built without CUDA");
 }
 int cuda_device_count() { return 0; }
+size_t device_free_bytes(Device) { return 0; }
 void* current_stream(Device device) {
   throw Unsupported("a stream of " + device.str() +
                     " was requested, but this moex was built without CUDA");

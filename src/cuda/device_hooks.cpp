@@ -12,6 +12,13 @@ void device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, siz
   moex::cuda::copy_bytes(dst, dst_dev, src, src_dev, bytes);
 }
 int cuda_device_count() { return moex::cuda::device_count(); }
+size_t device_free_bytes(Device device) {
+  moex::cuda::DeviceGuard guard(device.index);
+  moex::cuda::empty_cache();
+  size_t free = 0, total = 0;
+  MOEX_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
+}
 void* current_stream(Device device) {
   moex::cuda::DeviceGuard guard(device.index);
   return moex::cuda::current_stream();

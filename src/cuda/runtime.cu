@@ -4,6 +4,7 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -211,6 +212,44 @@ std::shared_ptr<Storage> alloc_storage(size_t bytes, int device) {
                                    [device](void* q) { cache_free(q, device); });
 }
 
+namespace {
+
+// Host -> device copies of weights come from memory-mapped files: pageable memory, which the
+// driver would stage through its own small pinned buffer one piece at a time. Large copies go
+// through two pinned 16 MiB buffers instead: while the DMA of one runs, the CPU reads the next
+// piece of the file into the other (reading the page cache / disk overlaps with the transfer).
+constexpr size_t kStageBytes = size_t(16) << 20;
+constexpr size_t kStagedFrom = size_t(4) << 20;
+
+struct Staging {
+  void* buf[2] = {nullptr, nullptr};
+  cudaEvent_t done[2] = {nullptr, nullptr};
+};
+
+void staged_upload(char* dst, const char* src, size_t bytes, int dev, cudaStream_t s) {
+  static std::mutex mu;
+  static std::map<int, Staging> staging;  // per device, kept for the process's lifetime
+  std::lock_guard<std::mutex> lock(mu);
+  Staging& st = staging[dev];
+  if (!st.buf[0]) {
+    for (int i = 0; i < 2; ++i) {
+      MOEX_CUDA_CHECK(cudaHostAlloc(&st.buf[i], kStageBytes, cudaHostAllocDefault));
+      MOEX_CUDA_CHECK(cudaEventCreateWithFlags(&st.done[i], cudaEventDisableTiming));
+      MOEX_CUDA_CHECK(cudaEventRecord(st.done[i], s));
+    }
+  }
+  for (size_t off = 0, i = 0; off < bytes; off += kStageBytes, i ^= 1) {
+    const size_t n = std::min(kStageBytes, bytes - off);
+    MOEX_CUDA_CHECK(cudaEventSynchronize(st.done[i]));  // its previous DMA has finished
+    std::memcpy(st.buf[i], src + off, n);
+    MOEX_CUDA_CHECK(cudaMemcpyAsync(dst + off, st.buf[i], n, cudaMemcpyHostToDevice, s));
+    MOEX_CUDA_CHECK(cudaEventRecord(st.done[i], s));
+  }
+  MOEX_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+}  // namespace
+
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
   if (bytes == 0) return;
   int dev = dst_dev.is_cuda() ? dst_dev.index : (src_dev.is_cuda() ? src_dev.index : -1);
@@ -220,6 +259,10 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
   }
   DeviceGuard g(dev);
   cudaStream_t s = current_stream();
+  if (dst_dev.is_cuda() && !src_dev.is_cuda() && bytes >= kStagedFrom) {
+    staged_upload(static_cast<char*>(dst), static_cast<const char*>(src), bytes, dev, s);
+    return;
+  }
   MOEX_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
   MOEX_CUDA_CHECK(cudaStreamSynchronize(s));
 }

@@ -50,6 +50,7 @@ class DeepseekV3LM final : public DecoderLM {
   DeepseekV3LM(const Checkpoint& ckpt, const LoadOptions& o) : DecoderLM(ckpt, o, ckpt.config()) {
     const DecoderConfig& c = cfg();
     const DType dt = act();
+    const Device dev = info_.device;
     const int64_t H = c.hidden_size;
     heads_ = c.num_heads;
     // Defaults are DeepseekV3Config's, used when a key is absent (or null, except q_lora_rank
@@ -95,31 +96,31 @@ class DeepseekV3LM final : public DecoderLM {
       MlaWeights& a = L.attn;
       const std::string ap = p + "self_attn.";
       if (q_lora_ > 0) {
-        a.q_a_proj = load_linear(ckpt, ap + "q_a_proj", q_lora_, H, dt, attn_bias);
-        a.q_a_norm = load_vector(ckpt, ap + "q_a_layernorm.weight", q_lora_, dt);
-        a.q_b_proj = load_linear(ckpt, ap + "q_b_proj", heads_ * qk_dim_, q_lora_, dt);
+        a.q_a_proj = load_linear(ckpt, ap + "q_a_proj", q_lora_, H, dt, attn_bias, dev);
+        a.q_a_norm = load_vector(ckpt, ap + "q_a_layernorm.weight", q_lora_, dt, dev);
+        a.q_b_proj = load_linear(ckpt, ap + "q_b_proj", heads_ * qk_dim_, q_lora_, dt, false, dev);
       } else {
-        a.q_proj = load_linear(ckpt, ap + "q_proj", heads_ * qk_dim_, H, dt);
+        a.q_proj = load_linear(ckpt, ap + "q_proj", heads_ * qk_dim_, H, dt, false, dev);
       }
-      a.kv_a_proj = load_linear(ckpt, ap + "kv_a_proj_with_mqa", kv_lora_ + rope_dim_, H, dt, attn_bias);
-      a.kv_a_norm = load_vector(ckpt, ap + "kv_a_layernorm.weight", kv_lora_, dt);
-      a.kv_b_proj = load_linear(ckpt, ap + "kv_b_proj", heads_ * (nope_ + v_dim_), kv_lora_, dt);
-      a.o_proj = load_linear(ckpt, ap + "o_proj", H, heads_ * v_dim_, dt, attn_bias);
-      L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, dt);
-      L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, dt);
+      a.kv_a_proj = load_linear(ckpt, ap + "kv_a_proj_with_mqa", kv_lora_ + rope_dim_, H, dt, attn_bias, dev);
+      a.kv_a_norm = load_vector(ckpt, ap + "kv_a_layernorm.weight", kv_lora_, dt, dev);
+      a.kv_b_proj = load_linear(ckpt, ap + "kv_b_proj", heads_ * (nope_ + v_dim_), kv_lora_, dt, false, dev);
+      a.o_proj = load_linear(ckpt, ap + "o_proj", H, heads_ * v_dim_, dt, attn_bias, dev);
+      L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, dt, dev);
+      L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, dt, dev);
 
       if (l < first_dense) {
-        L.dense = load_gated_mlp(ckpt, p + "mlp", H, inter, dt, activation);
+        L.dense = load_gated_mlp(ckpt, p + "mlp", H, inter, dt, activation, dev);
         continue;
       }
       L.moe = true;
       // The router runs in float32 whatever the model dtype (transformers upcasts it).
-      L.router = load_linear(ckpt, p + "mlp.gate", E, H, DType::kF32);
+      L.router = load_linear(ckpt, p + "mlp.gate", E, H, DType::kF32, false, dev);
       const std::string bias_name = p + "mlp.gate.e_score_correction_bias";
-      L.correction = ckpt.has(bias_name) ? ckpt.get(bias_name, {E}, DType::kF32)
-                                         : Tensor::zeros({E}, DType::kF32);
+      L.correction = (ckpt.has(bias_name) ? ckpt.get(bias_name, {E}, DType::kF32)
+                                          : Tensor::zeros({E}, DType::kF32)).to(dev);
       if (n_shared > 0) {
-        L.shared = load_gated_mlp(ckpt, p + "mlp.shared_experts", H, moe_inter * n_shared, dt, activation);
+        L.shared = load_gated_mlp(ckpt, p + "mlp.shared_experts", H, moe_inter * n_shared, dt, activation, dev);
         L.has_shared = true;
       }
       L.experts_index = int64_t(experts_.size());

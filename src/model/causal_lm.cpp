@@ -1,6 +1,7 @@
 // CausalLM: the experts-implementation map (load-time and run-time), input validation, logits,
 // and from_pretrained. Generation lives in generate.cpp.
 #include <algorithm>
+#include <chrono>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -197,7 +198,12 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const LoadOpti
     o.dtype = parse_dtype(name);
   }
   for (const auto& e : model::architectures())
-    if (type == e.model_type) return e.make(*ckpt, o);
+    if (type == e.model_type) {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::unique_ptr<CausalLM> m = e.make(*ckpt, o);
+      m->info_.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return m;
+    }
   std::string list;
   for (const auto& t : supported_model_types()) list += (list.empty() ? "" : ", ") + t;
   throw UnknownName("unknown model_type '" + type + "' in " + dir + "/config.json; supported: " + list);

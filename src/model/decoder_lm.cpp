@@ -1,5 +1,7 @@
 // DecoderLM: what every decoder-only MoE LM shares (config fields, embedding, final norm,
 // lm_head, the layer loop). Architectures add their layers (architecture.hpp).
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 
 #include "core/device_hooks.hpp"
@@ -72,8 +74,7 @@ DecoderConfig parse_decoder_config(const nlohmann::json& j, const std::string& w
 }
 
 void check_model_target(const LoadOptions& options) {
-  // On CUDA only the experts run on the GPU (the rest of the model stays on the host), so the
-  // device must exist; the backends then say whether they serve the dtype there.
+  // The device must exist; the experts backends then say whether they serve the dtype there.
   if (options.device.is_cuda() && options.device.index >= detail::cuda_device_count())
     throw Unsupported("no CUDA device " + options.device.str() + " (" +
                       std::to_string(detail::cuda_device_count()) +
@@ -103,10 +104,30 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
   for (const auto& name : ckpt.names()) info_.parameter_count += shape_numel(ckpt.get(name).shape());
 
   const DType dt = info_.dtype;
-  embed_ = ckpt.get(prefix_ + "embed_tokens.weight", {cfg_.vocab_size, cfg_.hidden_size}, dt);
-  final_norm_ = ckpt.get(prefix_ + "norm.weight", {cfg_.hidden_size}, dt);
+  const Device dev = info_.device;
+  // The weights this model places on its device: every tensor of the language model (its prefix
+  // and lm_head) in the model dtype. Checked against the device's free memory before anything
+  // is allocated there.
+  for (const auto& name : ckpt.names())
+    if (name.rfind(prefix_, 0) == 0 || name == "lm_head.weight")
+      info_.weight_bytes += shape_numel(ckpt.get(name).shape()) * int64_t(dtype_size(dt));
+  if (dev.is_cuda()) {
+    const size_t free = detail::device_free_bytes(dev);
+    if (size_t(info_.weight_bytes) > free) {
+      auto gb = [](double b) {
+        char s[32];
+        std::snprintf(s, sizeof(s), "%.2f", b / 1e9);
+        return std::string(s);
+      };
+      throw DeviceError(ckpt.dir() + ": the weights need " + gb(double(info_.weight_bytes)) + " GB on " +
+                        dev.str() + " (" + std::string(dtype_name(dt)) + "), but only " + gb(double(free)) +
+                        " GB are free; use a smaller dtype, another device or --device cpu");
+    }
+  }
+  embed_ = ckpt.get(prefix_ + "embed_tokens.weight", {cfg_.vocab_size, cfg_.hidden_size}, dt).to(dev);
+  final_norm_ = ckpt.get(prefix_ + "norm.weight", {cfg_.hidden_size}, dt).to(dev);
   if (ckpt.has("lm_head.weight"))
-    lm_head_ = ckpt.get("lm_head.weight", {cfg_.vocab_size, cfg_.hidden_size}, dt);
+    lm_head_ = ckpt.get("lm_head.weight", {cfg_.vocab_size, cfg_.hidden_size}, dt).to(dev);
   else if (cfg_.tie_word_embeddings || top.value("tie_word_embeddings", false))
     lm_head_ = embed_;
   else

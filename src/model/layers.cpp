@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/device_hooks.hpp"
 #include "moex/error.hpp"
 
 namespace moex::model {
@@ -14,19 +15,23 @@ namespace moex::model {
 // ---- linear ----
 
 Linear load_linear(const Checkpoint& ckpt, const std::string& name, int64_t out, int64_t in,
-                   DType dtype, bool bias) {
+                   DType dtype, bool bias, Device device) {
   Linear l;
-  l.weight = ckpt.get(name + ".weight", {out, in}, dtype);
-  // Biases are kept as float32 holding `dtype` values (rounded like the weights).
-  if (bias) l.bias = ckpt.get(name + ".bias", {out}, dtype).to(DType::kF32);
+  l.weight = ckpt.get(name + ".weight", {out, in}, dtype).to(device);
+  // Biases hold `dtype` values (rounded like the weights): float32 on the host (the host ops'
+  // activation storage), `dtype` on a device (what the cuBLASLt epilogue adds).
+  if (bias) {
+    Tensor b = ckpt.get(name + ".bias", {out}, dtype);
+    l.bias = device.is_cuda() ? b.to(device) : b.to(DType::kF32);
+  }
   return l;
 }
 
 // ---- norms ----
 
 
-Tensor load_vector(const Checkpoint& ckpt, const std::string& name, int64_t dim, DType dtype) {
-  return ckpt.get(name, {dim}, dtype);
+Tensor load_vector(const Checkpoint& ckpt, const std::string& name, int64_t dim, DType dtype, Device device) {
+  return ckpt.get(name, {dim}, dtype).to(device);
 }
 
 // ---- rope ----
@@ -125,11 +130,11 @@ Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, LayerKV& kv, co
 // ---- MLP / MoE ----
 
 GatedMlp load_gated_mlp(const Checkpoint& ckpt, const std::string& prefix, int64_t hidden,
-                        int64_t intermediate, DType dtype, Activation activation) {
+                        int64_t intermediate, DType dtype, Activation activation, Device device) {
   GatedMlp m;
-  m.gate = load_linear(ckpt, prefix + ".gate_proj", intermediate, hidden, dtype);
-  m.up = load_linear(ckpt, prefix + ".up_proj", intermediate, hidden, dtype);
-  m.down = load_linear(ckpt, prefix + ".down_proj", hidden, intermediate, dtype);
+  m.gate = load_linear(ckpt, prefix + ".gate_proj", intermediate, hidden, dtype, false, device);
+  m.up = load_linear(ckpt, prefix + ".up_proj", intermediate, hidden, dtype, false, device);
+  m.down = load_linear(ckpt, prefix + ".down_proj", hidden, intermediate, dtype, false, device);
   m.activation = activation;
   return m;
 }
@@ -154,27 +159,31 @@ Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const Ex
   const int64_t E = spec.num_experts, H = spec.hidden, I = spec.intermediate;
   ExpertsWeights w;
   if (ckpt.has(prefix + ".gate_up_proj")) {
-    w.gate_up = ckpt.get(prefix + ".gate_up_proj", {E, 2 * I, H}, dtype);
-    w.down = ckpt.get(prefix + ".down_proj", {E, H, I}, dtype);
-  } else {
-    // Fuse the hub's per-expert tensors once: gate_up[e] = [gate_e; up_e], down[e] = down_e.
-    w.gate_up = Tensor::empty({E, 2 * I, H}, dtype);
-    w.down = Tensor::empty({E, H, I}, dtype);
-    const size_t es = dtype_size(dtype);
-    char* gu = static_cast<char*>(w.gate_up.raw());
-    char* dn = static_cast<char*>(w.down.raw());
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string p = prefix + "." + std::to_string(e) + ".";
-      Tensor g = ckpt.get(p + names.gate + names.suffix, {I, H}, dtype).contiguous();
-      Tensor u = ckpt.get(p + names.up + names.suffix, {I, H}, dtype).contiguous();
-      Tensor d = ckpt.get(p + names.down + names.suffix, {H, I}, dtype).contiguous();
-      std::memcpy(gu + size_t(e * 2 * I * H) * es, g.raw(), size_t(I * H) * es);
-      std::memcpy(gu + size_t((e * 2 + 1) * I * H) * es, u.raw(), size_t(I * H) * es);
-      std::memcpy(dn + size_t(e * H * I) * es, d.raw(), size_t(H * I) * es);
-    }
+    w.gate_up = ckpt.get(prefix + ".gate_up_proj", {E, 2 * I, H}, dtype).to(device);
+    w.down = ckpt.get(prefix + ".down_proj", {E, H, I}, dtype).to(device);
+    return Experts(spec, std::move(w));
   }
-  Experts e(spec, std::move(w));
-  return device.host_accessible() ? e : experts_to(e, device);
+  // Fuse the hub's per-expert tensors once, where the weights will live: gate_up[e] =
+  // [gate_e; up_e], down[e] = down_e. Each expert tensor is read from the memory map (converted
+  // only when its dtype differs) and copied into its slice.
+  const Device where = device.host_accessible() ? Device::cpu() : device;
+  w.gate_up = Tensor::empty({E, 2 * I, H}, dtype, where);
+  w.down = Tensor::empty({E, H, I}, dtype, where);
+  const size_t es = dtype_size(dtype);
+  char* gu = static_cast<char*>(w.gate_up.raw());
+  char* dn = static_cast<char*>(w.down.raw());
+  auto put = [&](char* dst, const Tensor& t) {
+    const Tensor c = t.contiguous();
+    if (where.is_cuda()) detail::device_copy(dst, where, c.raw(), c.device(), c.nbytes());
+    else std::memcpy(dst, c.raw(), c.nbytes());
+  };
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string p = prefix + "." + std::to_string(e) + ".";
+    put(gu + size_t(e * 2 * I * H) * es, ckpt.get(p + names.gate + names.suffix, {I, H}, dtype));
+    put(gu + size_t((e * 2 + 1) * I * H) * es, ckpt.get(p + names.up + names.suffix, {I, H}, dtype));
+    put(dn + size_t(e * H * I) * es, ckpt.get(p + names.down + names.suffix, {H, I}, dtype));
+  }
+  return Experts(spec, std::move(w));
 }
 
 Experts experts_to(const Experts& experts, Device device) {
@@ -190,17 +199,12 @@ Experts experts_to(const Experts& experts, Device device) {
 
 Tensor run_experts(const Experts& experts, const std::string& backend, const Tensor& x,
                    const Routing& routing, DType act) {
-  // The model asks for the copies: its activations stay on the host (the ops have no CUDA
-  // implementations yet), only the experts weights may live on a GPU.
-  const Device dev = experts.weights().gate_up.device();
-  Tensor h = act == DType::kF32 ? x : x.to(act);
-  if (dev.host_accessible()) {
-    Tensor out = experts.forward(backend, h, routing.top_k_index, routing.top_k_weights);
-    return act == DType::kF32 ? out : out.to(DType::kF32);
-  }
-  Tensor out = experts.forward(backend, h.to(dev), routing.top_k_index.to(dev), routing.top_k_weights.to(dev));
-  out = out.to(Device::cpu());
-  return act == DType::kF32 ? out : out.to(DType::kF32);
+  // Host activations are float32 holding act values: the experts read act; device activations
+  // are act already.
+  const bool widen = x.dtype() != act;
+  Tensor h = widen ? x.to(act) : x;
+  Tensor out = experts.forward(backend, h, routing.top_k_index, routing.top_k_weights);
+  return widen ? out.to(x.dtype()) : out;
 }
 
 }  // namespace moex::model

@@ -35,20 +35,23 @@ struct KVCache : ops::KVCache {
 
 struct Linear {
   Tensor weight;  // [out, in], any float dtype
-  Tensor bias;    // [out] float32 holding `dtype` values, or undefined
+  Tensor bias;    // [out] holding `dtype` values (host: float32; CUDA: `dtype`), or undefined
   int64_t out_features() const { return weight.size(0); }
   int64_t in_features() const { return weight.size(1); }
 };
-// Loads `<name>.weight` [out, in] (+ `<name>.bias` [out] when `bias`) converted to `dtype`.
+// Loads `<name>.weight` [out, in] (+ `<name>.bias` [out] when `bias`) converted to `dtype`,
+// onto `device` (the host keeps the memory-mapped or converted tensor; a CUDA device gets its
+// own copy and the host's is dropped).
 Linear load_linear(const Checkpoint& ckpt, const std::string& name, int64_t out, int64_t in,
-                   DType dtype, bool bias = false);
+                   DType dtype, bool bias = false, Device device = Device::cpu());
 // ops::linear with the layer's weight and bias.
 inline Tensor linear(const Tensor& x, const Linear& l, DType act) {
   return ops::linear(x, l.weight, l.bias, act);
 }
 
-// Loads a norm weight [dim].
-Tensor load_vector(const Checkpoint& ckpt, const std::string& name, int64_t dim, DType dtype);
+// Loads a vector [dim] (norm weights, sinks, biases) onto `device`.
+Tensor load_vector(const Checkpoint& ckpt, const std::string& name, int64_t dim, DType dtype,
+                   Device device = Device::cpu());
 
 // ---- rotary position embedding ----
 
@@ -76,7 +79,8 @@ struct GatedMlp {
 };
 // Loads `<prefix>.gate_proj`, `.up_proj`, `.down_proj` (no biases).
 GatedMlp load_gated_mlp(const Checkpoint& ckpt, const std::string& prefix, int64_t hidden,
-                        int64_t intermediate, DType dtype, Activation activation);
+                        int64_t intermediate, DType dtype, Activation activation,
+                        Device device = Device::cpu());
 Tensor gated_mlp(const Tensor& x, const GatedMlp& mlp, DType act);
 
 // The spec of experts stored as the hub's plain (non-transposed, no bias) gated MLPs.
@@ -93,16 +97,16 @@ struct ExpertNames {
 // [E, 2I, H] + `<prefix>.down_proj` [E, H, I] when those exist. spec.num_experts / hidden /
 // intermediate / act must be set; weights are converted to `dtype`. Layouts with biases,
 // transposition or interleaving (gpt-oss) are built by the architecture itself.
-// `device`: where the experts weights live (CUDA: the experts run there, see run_experts).
+// `device`: where the experts weights live. On a CUDA device the hub's per-expert tensors are
+// copied straight into their slices of the fused device tensors (no fused host copy).
 Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const ExpertsSpec& spec,
                      DType dtype, const ExpertNames& names = {}, Device device = Device::cpu());
 // The same experts with their weights copied to `device` (unchanged when already there or when
 // `device` is the host).
 Experts experts_to(const Experts& experts, Device device);
-// Calls the experts through `backend`: x float32 [rows, H] is handed over in `act` (bf16 models
-// pass bf16 activations), the result comes back as float32 [rows, H] (values in act). When the
-// experts weights live on a CUDA device, hidden and routing are copied there and the result back
-// (the rest of the model runs on the host).
+// Calls the experts through `backend`: x [rows, H] is handed over in `act` (bf16 models pass
+// bf16 activations), the result comes back in x's storage dtype (values in act). x, the routing
+// and the experts weights live on the same device (the model's).
 Tensor run_experts(const Experts& experts, const std::string& backend, const Tensor& x,
                    const Routing& routing, DType act);
 

@@ -14,6 +14,7 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
     : DecoderLM(ckpt, options, text_config, flags.weights_prefix), flags_(std::move(flags)) {
   const DecoderConfig& c = cfg();
   const DType dt = act();
+  const Device dev = info_.device;
   const int64_t H = c.hidden_size, hd = c.head_dim;
   info_.sub_configs = std::move(sub_configs);
 
@@ -52,18 +53,18 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
   for (int64_t l = 0; l < c.num_layers; ++l) {
     Layer& L = layers_[size_t(l)];
     const std::string p = prefix() + "layers." + std::to_string(l) + ".";
-    L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, dt);
-    L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, dt);
-    L.q = load_linear(ckpt, p + "self_attn.q_proj", c.num_heads * hd, H, dt, qkv_bias);
-    L.k = load_linear(ckpt, p + "self_attn.k_proj", c.num_kv_heads * hd, H, dt, qkv_bias);
-    L.v = load_linear(ckpt, p + "self_attn.v_proj", c.num_kv_heads * hd, H, dt, qkv_bias);
-    L.o = load_linear(ckpt, p + "self_attn.o_proj", H, c.num_heads * hd, dt, o_bias);
+    L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, dt, dev);
+    L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, dt, dev);
+    L.q = load_linear(ckpt, p + "self_attn.q_proj", c.num_heads * hd, H, dt, qkv_bias, dev);
+    L.k = load_linear(ckpt, p + "self_attn.k_proj", c.num_kv_heads * hd, H, dt, qkv_bias, dev);
+    L.v = load_linear(ckpt, p + "self_attn.v_proj", c.num_kv_heads * hd, H, dt, qkv_bias, dev);
+    L.o = load_linear(ckpt, p + "self_attn.o_proj", H, c.num_heads * hd, dt, o_bias, dev);
     if (flags_.qk_norm == SparseMoeFlags::QkNorm::kPerHead) {
-      L.q_norm = load_vector(ckpt, p + "self_attn.q_norm.weight", hd, dt);
-      L.k_norm = load_vector(ckpt, p + "self_attn.k_norm.weight", hd, dt);
+      L.q_norm = load_vector(ckpt, p + "self_attn.q_norm.weight", hd, dt, dev);
+      L.k_norm = load_vector(ckpt, p + "self_attn.k_norm.weight", hd, dt, dev);
     } else if (flags_.qk_norm == SparseMoeFlags::QkNorm::kFullProjection) {
-      L.q_norm = load_vector(ckpt, p + "self_attn.q_norm.weight", c.num_heads * hd, dt);
-      L.k_norm = load_vector(ckpt, p + "self_attn.k_norm.weight", c.num_kv_heads * hd, dt);
+      L.q_norm = load_vector(ckpt, p + "self_attn.q_norm.weight", c.num_heads * hd, dt, dev);
+      L.k_norm = load_vector(ckpt, p + "self_attn.k_norm.weight", c.num_kv_heads * hd, dt, dev);
     }
     if (flags_.window == SparseMoeFlags::Window::kAllLayers || sliding[size_t(l)])
       L.sliding_window = window;
@@ -72,17 +73,17 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
             (l + 1) % sparse_step == 0;
     const std::string m = p + flags_.moe_block;
     if (L.moe) {
-      L.router = load_linear(ckpt, m + ".gate", num_experts_, H, dt);
+      L.router = load_linear(ckpt, m + ".gate", num_experts_, H, dt, false, dev);
       experts_.push_back(load_experts(ckpt, m + ".experts", spec, dt, flags_.expert_names, info_.device));
       L.experts = &experts_.back();
       if (flags_.shared_expert) {
         L.shared = load_gated_mlp(ckpt, m + ".shared_expert", H,
-                                  c.get_int("shared_expert_intermediate_size"), dt, act_fn);
-        L.shared_gate = load_linear(ckpt, m + ".shared_expert_gate", 1, H, dt);
+                                  c.get_int("shared_expert_intermediate_size"), dt, act_fn, dev);
+        L.shared_gate = load_linear(ckpt, m + ".shared_expert_gate", 1, H, dt, false, dev);
       }
       info_.moe_layers.push_back(l);
     } else {
-      L.dense = load_gated_mlp(ckpt, m, H, c.get_int("intermediate_size"), dt, act_fn);
+      L.dense = load_gated_mlp(ckpt, m, H, c.get_int("intermediate_size"), dt, act_fn, dev);
     }
   }
   finish_experts(experts_, flags_.experts_key, num_experts_, top_k_, options.experts_implementation);

@@ -27,6 +27,9 @@ namespace moex::ops::cuda {
 
 void make_device_step(Step& step, Device device);
 
+// A contiguous copy of x in `dtype` on x's device (x itself when it has that dtype already).
+Tensor convert(const Tensor& x, DType dtype);
+
 void kv_append(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step);
 
 void round_(Tensor& x, DType act);
