@@ -1,5 +1,5 @@
 // `moex info`: loads a checkpoint and prints what moex made of it as JSON: architecture, dtype,
-// sizes, parameter count, MoE layers and get_experts_implementation().
+// sizes, parameter count, MoE layers, get_experts_implementation() and the load statistics.
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -33,12 +33,17 @@ int run_info(const std::vector<std::string>& argv) {
   j["sub_configs"] = i.sub_configs;
   j["eos_token_ids"] = lm->default_eos_token_ids();
   j["experts_implementation"] = lm->get_experts_implementation();
+  // The load: bytes placed on the device, wall time, and the rate (file reads, dtype conversion
+  // and host->device copies together).
+  j["load"] = {{"weight_bytes", i.weight_bytes},
+               {"seconds", i.load_seconds},
+               {"gb_per_second", i.load_seconds > 0 ? double(i.weight_bytes) / i.load_seconds / 1e9 : 0.0}};
   std::printf("%s\n", j.dump(2).c_str());
   return 0;
 }
 
 const Registration kInfo({"info",
-                          "describe a checkpoint as JSON (--model DIR [--experts-implementation SPEC])",
+                          "describe a checkpoint as JSON, load time and rate included (--model DIR [--dtype D] [--device cpu|cuda[:i]] [--experts-implementation SPEC])",
                           run_info});
 
 }  // namespace
