@@ -68,4 +68,9 @@ double time_cuda_ms(Device device, const std::function<void()>& fn, bool use_gra
 // or allocates while captured).
 Tensor graph_replay_output(Device device, const std::function<Tensor()>& fn);
 
+// Peak memory of this process on `device`, bytes. CUDA: what moex's caching allocator holds (it
+// returns nothing to the driver while a process runs, so this is its peak; cuBLAS' own handles
+// and the CUDA context are not counted). CPU: the peak resident set (getrusage).
+int64_t peak_memory_bytes(Device device);
+
 }  // namespace moex

@@ -110,6 +110,14 @@ struct ModelInfo {
   // conversion) and the wall time of the whole load, file reads and copies included.
   int64_t weight_bytes = 0;
   double load_seconds = 0;
+  // What one step reads and computes, for benchmarks' floors: the experts' share of
+  // weight_bytes, the embedding table's (read one row per token; 0 when it is the lm_head too),
+  // the bytes the KV cache holds per token of one sequence, and the flops of attention per
+  // (query, key) pair summed over the layers (q.k and p.v).
+  int64_t experts_weight_bytes = 0;
+  int64_t embedding_bytes = 0;
+  int64_t kv_bytes_per_token = 0;
+  int64_t attention_flops_per_pair = 0;
 };
 
 // A loaded model. Architectures derive from model::DecoderLM (src/model/architecture.hpp).

@@ -348,8 +348,14 @@ int run_bench_experts(const std::vector<std::string>& argv) {
 }
 
 int run_bench(const std::vector<std::string>& argv) {
+  if (!argv.empty() && argv[0] == "generate")
+    return run_bench_generate(std::vector<std::string>(argv.begin() + 1, argv.end()));
   if (argv.empty() || argv[0] != "experts")
-    throw InvalidInput("usage: moex bench experts [--device cpu|cuda] [--shape NAME | --experts E "
+    throw InvalidInput("usage: moex bench generate --model DIR [--device cpu|cuda[:i]] [--dtype D] "
+                       "[--batch 1,8,32] [--prompt-tokens 128,4096] [--new-tokens 128] "
+                       "[--experts-implementation SPEC] [--decode-switch auto|on|off] [--repeats 3] "
+                       "[--seed N] [--json]\n"
+                       "       moex bench experts [--device cpu|cuda] [--shape NAME | --experts E "
                        "--top-k K --hidden H --intermediate I] [--dtype bfloat16|float16|float32] "
                        "[--tokens 1,4,16] [--backends a,b] [--graph off|on|both] [--json] "
                        "[--bandwidth-gbs X] [--peak-tflops Y] [--min-iters N] [--budget-s S] "
@@ -358,7 +364,8 @@ int run_bench(const std::vector<std::string>& argv) {
   return run_bench_experts(std::vector<std::string>(argv.begin() + 1, argv.end()));
 }
 
-Registration reg({"bench", "benchmark experts backends (bench experts ...)", run_bench});
+Registration reg({"bench", "benchmark end-to-end generation (bench generate ...) or experts backends (bench experts ...)",
+                  run_bench});
 
 }  // namespace
 }  // namespace moex::cli

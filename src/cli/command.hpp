@@ -17,6 +17,9 @@ struct Command {
 };
 
 void register_command(Command c);
+
+// `moex bench generate` (cmd_bench_generate.cpp), reached through `moex bench`.
+int run_bench_generate(const std::vector<std::string>& argv);
 const std::vector<Command>& commands();
 
 struct Registration {

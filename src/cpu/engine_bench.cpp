@@ -2,6 +2,8 @@
 // (src/cuda/bench_ceilings.cpp) where the build has it.
 #include "moex/bench.hpp"
 
+#include <sys/resource.h>
+
 #include <string>
 
 #include "cpu/engine.hpp"
@@ -51,6 +53,19 @@ double time_cuda_ms(Device device, const std::function<void()>& fn, bool use_gra
   (void)fn, (void)use_graph, (void)warmup, (void)iters;
   no_cuda(device);
 #endif
+}
+
+int64_t peak_memory_bytes(Device device) {
+  if (device.is_cuda()) {
+#ifdef MOEX_WITH_CUDA
+    return cuda::bench_reserved_bytes(device);
+#else
+    no_cuda(device);
+#endif
+  }
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return int64_t(ru.ru_maxrss) * 1024;  // Linux reports kilobytes
 }
 
 Tensor graph_replay_output(Device device, const std::function<Tensor()>& fn) {

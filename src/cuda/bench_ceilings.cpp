@@ -49,6 +49,11 @@ double bench_time_ms(Device device, const std::function<void()>& fn, bool use_gr
   return time_ms(fn, use_graph, warmup, iters);
 }
 
+int64_t bench_reserved_bytes(Device device) {
+  require_gpu(device);
+  return int64_t(allocator_stats().bytes_reserved);
+}
+
 Tensor bench_graph_replay_output(Device device, const std::function<Tensor()>& fn) {
   require_gpu(device);
   DeviceGuard guard(device.index);

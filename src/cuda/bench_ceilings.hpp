@@ -12,5 +12,6 @@ namespace moex::cuda {
 double bench_time_ms(Device device, const std::function<void()>& fn, bool use_graph, int warmup,
                      int iters);
 Tensor bench_graph_replay_output(Device device, const std::function<Tensor()>& fn);
+int64_t bench_reserved_bytes(Device device);
 
 }  // namespace moex::cuda

@@ -86,6 +86,8 @@ class DeepseekV3LM final : public DecoderLM {
     rope_ = make_rope(c.json, rope_dim_);
     scale_ = mla_softmax_scale(c.json, qk_dim_, c.where);
     eps_ = float(c.rms_norm_eps);
+    // The cache holds expanded per-head keys and values (see the top of this file).
+    set_attention_cost(heads_ * (qk_dim_ + v_dim_), 2 * heads_ * (qk_dim_ + v_dim_));
 
     const ExpertsSpec spec = gated_experts_spec(E, H, moe_inter, activation);
 

@@ -53,6 +53,7 @@ class GptOssLM final : public DecoderLM {
     constexpr float kAlpha = 1.702f;
     rope_ = make_rope(gpt_oss_rope_config(c.json), head_dim_);
     eps_ = float(c.rms_norm_eps);
+    set_attention_cost(2 * kv_heads_ * head_dim_, 4 * heads_ * head_dim_);
 
     const std::vector<bool> sliding = sliding_layers([](int64_t l) { return l % 2 == 0; });
 

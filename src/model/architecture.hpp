@@ -84,7 +84,12 @@ class DecoderLM : public CausalLM {
   template <class Modules>
   void finish_experts(const Modules& modules, const std::string& key, int64_t num_experts,
                       int64_t top_k, const ExpertsImplementation& requested) {
-    for (const Experts& e : modules) register_experts_module(key, &e);
+    for (const Experts& e : modules) {
+      register_experts_module(key, &e);
+      const ExpertsWeights& w = e.weights();
+      for (const Tensor* t : {&w.gate_up, &w.down, &w.gate_up_bias, &w.down_bias, &w.gate_up_scale, &w.down_scale})
+        if (t->defined()) info_.experts_weight_bytes += int64_t(t->nbytes());
+    }
     info_.num_experts = num_experts;
     info_.experts_per_token = top_k;
     init_experts_implementation(requested);
@@ -94,6 +99,14 @@ class DecoderLM : public CausalLM {
   // / "full_attention", one per layer; InvalidInput otherwise), or by `fallback` (layer index ->
   // sliding) when the key is absent.
   std::vector<bool> sliding_layers(bool (*fallback)(int64_t layer)) const;
+
+  // For ModelInfo: per layer, `kv_width` cached values per token (keys + values of every kv
+  // head) and `pair_flops` flops per (query, key) pair (2 * heads * (head_dim_k + head_dim_v)).
+  void set_attention_cost(int64_t kv_width, int64_t pair_flops) {
+    const int64_t es = info_.device.is_cuda() ? int64_t(dtype_size(info_.dtype)) : 4;
+    info_.kv_bytes_per_token = cfg_.num_layers * kv_width * es;
+    info_.attention_flops_per_pair = cfg_.num_layers * pair_flops;
+  }
 
   const DecoderConfig& cfg() const { return cfg_; }
   DType act() const { return info_.dtype; }

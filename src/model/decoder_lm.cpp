@@ -132,6 +132,7 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
     lm_head_ = embed_;
   else
     lm_head_ = ckpt.get("lm_head.weight");  // throws "missing tensor 'lm_head.weight' in DIR"
+  if (lm_head_.raw() != embed_.raw()) info_.embedding_bytes = int64_t(embed_.nbytes());
 
   // Stop tokens: generation_config.json first, then config.json (int or list; null = none).
   auto read_eos = [](const nlohmann::json& j, std::vector<int64_t>& out) {

@@ -32,6 +32,7 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
 
   rope_ = make_rope(c.json, hd);
   attn_ = gqa_spec(c.num_heads, c.num_kv_heads, hd);
+  set_attention_cost(2 * c.num_kv_heads * hd, 4 * c.num_heads * hd);
 
   const bool qkv_bias = c.get_bool(flags_.qkv_bias_key, flags_.qkv_bias_default);
   const bool o_bias = flags_.o_bias_follows && qkv_bias;
