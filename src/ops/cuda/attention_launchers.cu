@@ -13,17 +13,17 @@ namespace moex::ops::cuda {
 
 namespace {
 
-// Opts `kernel` in to the device's whole dynamic shared memory, once per kernel and device, so
-// that any size the launcher asks for (up to that) is accepted. Not a stream operation: safe
-// while a stream is being captured.
+// Opts `kernel` in to the device's whole dynamic shared memory, once per kernel and device (`opted`
+// is a static of the kernel's own launcher: kernels of one signature share a function-pointer
+// type, so the flag cannot live here), so that any size the launcher asks for (up to that) is
+// accepted. Not a stream operation: safe while a stream is being captured.
 template <class Kernel>
-void opt_in_smem(Kernel kernel, int64_t bytes) {
+void opt_in_smem(Kernel kernel, int64_t bytes, std::atomic<uint64_t>& opted) {
   const int dev = moex::cuda::current_device();
   const size_t limit = moex::cuda::device_info(dev).smem_per_block_optin;
   if (size_t(bytes) > limit)
     throw Unsupported("attention: a block needs " + std::to_string(bytes) + " bytes of shared memory, the device " +
                       "allows " + std::to_string(limit) + " (head dims too large)");
-  static std::atomic<uint64_t> opted{0};
   const uint64_t bit = uint64_t(1) << (dev & 63);
   if (!(opted.load() & bit)) {
     MOEX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(limit)));
@@ -37,7 +37,8 @@ template <class T, int kDk, int kDv>
 void launch_flash_instance(const FlashParams& fp, int batch, cudaStream_t stream) {
   auto kernel = attention_flash_mma_kernel<T, kDk, kDv>;
   const size_t smem = flash_smem_bytes_for<kDk>(sizeof(T), kDv);
-  opt_in_smem(kernel, int64_t(smem));
+  static std::atomic<uint64_t> opted{0};
+  opt_in_smem(kernel, int64_t(smem), opted);
   const dim3 grid(unsigned((fp.tokens + kFlashRows - 1) / kFlashRows), unsigned(fp.heads), unsigned(batch));
   kernel<<<grid, kFlashThreads, smem, stream>>>(fp);
   MOEX_CUDA_CHECK_LAUNCH(attention_flash_mma_kernel);
@@ -65,7 +66,8 @@ template <class T, int kMode>
 void launch_split_pass(const SplitParams& sp, int batch, int kv_heads, int qblocks, cudaStream_t stream) {
   auto kernel = attention_split_kernel<T, kMode>;
   const int64_t smem = split_smem_bytes(sp.dk, sp.dv);
-  opt_in_smem(kernel, smem);
+  static std::atomic<uint64_t> opted{0};
+  opt_in_smem(kernel, smem, opted);
   const dim3 grid(unsigned(qblocks * sp.splits), unsigned(kv_heads), unsigned(batch));
   kernel<<<grid, kSplitThreads, size_t(smem), stream>>>(sp);
   MOEX_CUDA_CHECK_LAUNCH(attention_split_kernel);
