@@ -130,6 +130,14 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& ref,
   EXPECT_LE(rel, e) << what << ": rel_l2 " << rel;
 }
 
+// A step and its device mirror (ids are not read by these ops; zeros fill the mirror's id part).
+Step make_step(int64_t batch, int64_t tokens, int64_t past, const std::vector<int64_t>& pad = {}) {
+  Step s(batch, tokens, past);
+  s.pad = pad;
+  s.ids.assign(size_t(batch * tokens), 0);
+  return s;
+}
+
 // The op on the device with the plan's kernel, or with one forced (CUDA builds); empty when the
 // forced kernel does not apply.
 bool run_device(const Tensor& q, const LayerKV& kv, const Step& step, const AttentionSpec& spec, DType act,
@@ -181,8 +189,7 @@ void check_case(const Case& c) {
   int64_t past = 0;
   for (size_t si = 0; si < c.steps.size(); ++si) {
     const int64_t T = c.steps[si], rows = c.batch * T;
-    Step hs(c.batch, T, past);
-    hs.pad = c.pad;
+    const Step hs = make_step(c.batch, T, past, c.pad);
     Step ds = hs;
     make_device_step(ds, Device::cuda(0));
     // q ~ U(-2, 2) so that softmax rows are not nearly uniform (masks matter).
@@ -357,7 +364,7 @@ TEST(CudaAttention, KvAppendGrowthKeepsValues) {
     std::vector<std::vector<float>> kcols(B), vcols(B);  // per sequence, column-major appends
     int64_t past = 0;
     for (int64_t T : {3, 3, 5, 1, 9}) {
-      Step s(B, T, past);
+      Step s = make_step(B, T, past);
       make_device_step(s, Device::cuda(0));
       const auto k = random_values(B * T * kd, 1.0f, dt, rng), v = random_values(B * T * vd, 1.0f, dt, rng);
       kv_append(kv, device_tensor(k, {B * T, kd}, dt), device_tensor(v, {B * T, vd}, dt), s);
@@ -388,11 +395,11 @@ TEST(CudaAttention, ZeroTokenStep) {
   Case c;
   LayerKV kv;
   std::mt19937_64 rng(800);
-  Step s(1, 5, 0);
+  Step s = make_step(1, 5, 0);
   make_device_step(s, Device::cuda(0));
   kv_append(kv, device_tensor(random_values(5 * 128, 1.f, c.dtype, rng), {5, 128}, c.dtype),
             device_tensor(random_values(5 * 128, 1.f, c.dtype, rng), {5, 128}, c.dtype), s);
-  Step z(1, 0, 5);
+  Step z = make_step(1, 0, 5);
   make_device_step(z, Device::cuda(0));
   kv_append(kv, Tensor::empty({0, 128}, c.dtype, Device::cuda(0)), Tensor::empty({0, 128}, c.dtype, Device::cuda(0)), z);
   EXPECT_EQ(kv.length(), 5);
