@@ -1,0 +1,226 @@
+// Prefill attention on the tensor cores, FA2 style (written for this project's masks and
+// rounding; the decomposition is the published flash-attention 2 algorithm).
+//
+// Decomposition. A block of 4 warps takes 64 query tokens of one head of one sequence; each warp
+// owns 16 query rows, so its scores and output live in mma accumulators and the row statistics
+// (max, sum) need only the 4 lanes that share a row. K/V tiles of 64 cache columns are staged in
+// shared memory with cp.async, double-buffered: tile i + 1 is in flight while tile i is computed.
+// Q is staged once. S = Q K^T: A = Q (ldmatrix.x4), B = K stored [column][dim] (ldmatrix.x4
+// without transpose: K's rows are B's columns). O += P V: A = P taken straight from the S
+// accumulators (the m16n8 C layout of two adjacent n-tiles is the m16n8k16 A layout), rounded to
+// the element type (sdpa's rounding of the unnormalised e), B = V stored [column][dim], read with
+// ldmatrix.trans. 16-byte chunks are XOR-swizzled by row so that the 8 rows an ldmatrix reads hit
+// distinct banks.
+//
+// Head dims are run-time values inside compile-time classes kDk, kDv in {64, 128, 256}: smem rows
+// and accumulators are sized by the class, k steps and n tiles beyond the real dim are skipped
+// (uniform branches), so 9 instantiations per dtype cover every multiple of 16 up to 256
+// (32, 48, 64 / 128 / 192 ...). Chunks beyond the real dim are never written nor read.
+//
+// Masking. The block's columns run from lo = max(pad, first query's column - window + 1) to the
+// last query's column; cp.async zero-fills rows outside [lo, hi), so a masked p of 0 never meets
+// uninitialised cache memory (0 * NaN). Per element: t < T, j <= c = past + t, c - j < window;
+// masked scores are -inf; a row that has seen only -inf keeps m = -inf, uses 0 as its reference
+// (no -inf - -inf) and ends with l = 0, written as zeros. Only sdpa semantics (see
+// attention_plan.hpp for why eager goes to the split kernel).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/common.cuh"
+
+namespace moex::ops::cuda {
+
+inline constexpr int kFlashRows = 64;     // query tokens per block
+inline constexpr int kFlashColumns = 64;  // cache columns per tile
+inline constexpr int kFlashThreads = 128;
+
+struct FlashParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  const int32_t* step;
+  int tokens, heads, group, dk, dv;
+  int64_t capacity, q_dim, k_dim, v_dim, out_dim;
+  float scale;
+  int window;
+};
+
+template <int kD>
+inline constexpr size_t flash_smem_bytes_for(size_t elem, int kDv) {
+  return (size_t(kFlashRows) * kD + 2 * size_t(kFlashColumns) * kD + 2 * size_t(kFlashColumns) * kDv) * elem;
+}
+
+// XOR swizzle of a 16-byte chunk within a row of a multiple of 8 chunks.
+__device__ __forceinline__ int flash_swizzle(int row, int chunk) { return chunk ^ (row & 7); }
+
+// grid (ceil(T / 64), heads, batch), kFlashThreads threads, flash_smem_bytes_for<kDk>(...) bytes.
+template <class T, int kDk, int kDv>
+__global__ void __launch_bounds__(kFlashThreads) attention_flash_mma_kernel(FlashParams p) {
+  using moex::cuda::cp_async_16;
+  using moex::cuda::smem_u32;
+  constexpr int BM = kFlashRows, BN = kFlashColumns, NF = BN / 8, NV = kDv / 8;
+  static_assert(kDk % 64 == 0 && kDv % 64 == 0, "dim classes are multiples of 64 (8 chunks)");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t qs = smem_u32(smem_raw);
+  const uint32_t ks = qs + BM * kDk * sizeof(T);       // 2 stages of [BN][kDk]
+  const uint32_t vs = ks + 2 * BN * kDk * sizeof(T);   // 2 stages of [BN][kDv]
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int t0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
+  const int past = p.step[0], pad = p.step[1 + b];
+  const int t_last = min(t0 + BM, p.tokens) - 1;
+  const int lo = max(pad, p.window > 0 ? past + t0 - p.window + 1 : 0);
+  const int hi = past + t_last + 1;
+  const int ntiles = hi > lo ? (hi - lo + BN - 1) / BN : 0;
+  const int dk_ch = p.dk / 8, dv_ch = p.dv / 8;
+
+  const T* qg = static_cast<const T*>(p.q);
+  const T* kg = static_cast<const T*>(p.k) + int64_t(b) * p.capacity * p.k_dim + int64_t(g) * p.dk;
+  const T* vg = static_cast<const T*>(p.v) + int64_t(b) * p.capacity * p.v_dim + int64_t(g) * p.dv;
+
+  auto load_kv = [&](int stage, int j0) {
+    const uint32_t kst = ks + stage * BN * kDk * sizeof(T), vst = vs + stage * BN * kDv * sizeof(T);
+    for (int idx = tid; idx < BN * dk_ch; idx += kFlashThreads) {
+      const int r = idx / dk_ch, c = idx % dk_ch, j = j0 + r;
+      const bool ok = j < hi;
+      cp_async_16(kst + (r * kDk + flash_swizzle(r, c) * 8) * sizeof(T), ok ? kg + int64_t(j) * p.k_dim + c * 8 : kg,
+                  ok ? 16 : 0);
+    }
+    for (int idx = tid; idx < BN * dv_ch; idx += kFlashThreads) {
+      const int r = idx / dv_ch, c = idx % dv_ch, j = j0 + r;
+      const bool ok = j < hi;
+      cp_async_16(vst + (r * kDv + flash_swizzle(r, c) * 8) * sizeof(T), ok ? vg + int64_t(j) * p.v_dim + c * 8 : vg,
+                  ok ? 16 : 0);
+    }
+  };
+
+  if (ntiles > 0) {
+    for (int idx = tid; idx < BM * dk_ch; idx += kFlashThreads) {
+      const int r = idx / dk_ch, c = idx % dk_ch, t = t0 + r;
+      const bool ok = t < p.tokens;
+      const T* src = ok ? qg + (int64_t(b) * p.tokens + t) * p.q_dim + int64_t(h) * p.dk + c * 8 : qg;
+      cp_async_16(qs + (r * kDk + flash_swizzle(r, c) * 8) * sizeof(T), src, ok ? 16 : 0);
+    }
+    load_kv(0, lo);
+  }
+  moex::cuda::cp_async_commit();
+
+  float o[NV][4];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  // The two rows this lane holds in the C layout: lane / 4 and lane / 4 + 8 of the warp's 16.
+  const int row0 = warp * 16 + lane / 4;
+
+  for (int it = 0; it < ntiles; ++it) {
+    moex::cuda::cp_async_wait<0>();
+    __syncthreads();  // tile it landed for everyone; everyone is done with tile it - 1
+    if (it + 1 < ntiles) load_kv((it + 1) & 1, lo + (it + 1) * BN);
+    moex::cuda::cp_async_commit();
+    const int j0 = lo + it * BN;
+    const uint32_t kst = ks + (it & 1) * BN * kDk * sizeof(T), vst = vs + (it & 1) * BN * kDv * sizeof(T);
+
+    float s[NF][4];
+#pragma unroll
+    for (int nf = 0; nf < NF; ++nf) s[nf][0] = s[nf][1] = s[nf][2] = s[nf][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kDk / 16; ++kk) {
+      if (kk * 16 >= p.dk) break;
+      uint32_t a[4];
+      {
+        const int r = warp * 16 + lane % 16, ch = kk * 2 + lane / 16;
+        moex::cuda::ldmatrix_x4(qs + (r * kDk + flash_swizzle(r, ch) * 8) * sizeof(T), a[0], a[1], a[2], a[3]);
+      }
+#pragma unroll
+      for (int nf = 0; nf < NF; nf += 2) {
+        uint32_t b0[2], b1[2];
+        const int r = nf * 8 + (lane / 16) * 8 + lane % 8, ch = kk * 2 + (lane / 8) % 2;
+        moex::cuda::ldmatrix_x4(kst + (r * kDk + flash_swizzle(r, ch) * 8) * sizeof(T), b0[0], b0[1], b1[0], b1[1]);
+        moex::cuda::mma_16816<T>(s[nf], a, b0);
+        moex::cuda::mma_16816<T>(s[nf + 1], a, b1);
+      }
+    }
+
+    // Scale and mask; element e of n-tile nf is row row0 + 8 * (e / 2), column
+    // j0 + nf * 8 + 2 * (lane % 4) + e % 2.
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = t0 + row0 + 8 * (e / 2), c = past + t;
+        const int j = j0 + nf * 8 + 2 * (lane % 4) + (e & 1);
+        const bool ok = t < p.tokens && j < hi && j <= c && (p.window <= 0 || c - j < p.window);
+        s[nf][e] = ok ? s[nf][e] * p.scale : -INFINITY;
+        mx[e / 2] = fmaxf(mx[e / 2], s[nf][e]);
+      }
+    float alpha[2], ref[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r]);
+      ref[r] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[r] = expf(m[r] - ref[r]);
+      m[r] = m_new;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nf][e] = expf(s[nf][e] - ref[e / 2]);
+        l[e / 2] += s[nf][e];  // this lane's share of the row sum, unrounded (float32 normaliser)
+      }
+#pragma unroll
+    for (int nv = 0; nv < NV; ++nv) {
+      o[nv][0] *= alpha[0];
+      o[nv][1] *= alpha[0];
+      o[nv][2] *= alpha[1];
+      o[nv][3] *= alpha[1];
+    }
+
+    // O += P V over the tile's 64 columns, 16 at a time.
+#pragma unroll
+    for (int kc = 0; kc < BN / 16; ++kc) {
+      uint32_t a[4];
+      a[0] = moex::cuda::pack2<T>(s[2 * kc][0], s[2 * kc][1]);
+      a[1] = moex::cuda::pack2<T>(s[2 * kc][2], s[2 * kc][3]);
+      a[2] = moex::cuda::pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+      a[3] = moex::cuda::pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+#pragma unroll
+      for (int nv = 0; nv < NV; nv += 2) {
+        if (nv * 8 >= p.dv) break;
+        uint32_t b0[2], b1[2];
+        const int r = kc * 16 + ((lane / 8) % 2) * 8 + lane % 8, ch = nv + lane / 16;
+        moex::cuda::ldmatrix_x4_trans(vst + (r * kDv + flash_swizzle(r, ch) * 8) * sizeof(T), b0[0], b0[1], b1[0],
+                                      b1[1]);
+        moex::cuda::mma_16816<T>(o[nv], a, b0);
+        moex::cuda::mma_16816<T>(o[nv + 1], a, b1);
+      }
+    }
+  }
+  moex::cuda::cp_async_wait<0>();
+
+  T* og = static_cast<T*>(p.out);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int t = t0 + row0 + 8 * r;
+    if (t >= p.tokens) continue;
+    T* orow = og + (int64_t(b) * p.tokens + t) * p.out_dim + int64_t(h) * p.dv;
+#pragma unroll
+    for (int nv = 0; nv < NV; ++nv) {
+      if (nv * 8 >= p.dv) break;
+      const float x0 = sum > 0.f ? o[nv][2 * r] / sum : 0.f, x1 = sum > 0.f ? o[nv][2 * r + 1] / sum : 0.f;
+      *reinterpret_cast<uint32_t*>(orow + nv * 8 + 2 * (lane % 4)) = moex::cuda::pack2<T>(x0, x1);
+    }
+  }
+}
+
+}  // namespace moex::ops::cuda

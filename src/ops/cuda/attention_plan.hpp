@@ -1,0 +1,71 @@
+// Kernel plan of the CUDA attention op: which kernel runs and over how many cache splits, as a
+// pure function of the call's shapes (never of the cache length, which lives on the device).
+// Computed once per call by cuda::attention, passed down as a value, unit-tested without a GPU;
+// tests that want the kernel the policy does not pick for a shape call attention_planned with a
+// plan of their own (check_attention_plan validates it). Plain C++: no CUDA types here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "moex/dtype.hpp"
+#include "ops/ops.hpp"
+
+namespace moex::ops::cuda {
+
+enum class AttentionKernel : unsigned char {
+  // One block per (query block, kv head, sequence, cache split): scores and p.v on CUDA cores in
+  // float32, partial softmax states in a float32 workspace, then a combine kernel. Any dtype, any
+  // head dims, both rounding semantics. The decode kernel (flash decoding) and the general
+  // fallback.
+  kSplitSimt,
+  // FA2-style prefill on the tensor cores: a warp owns 16 query rows of one head, K/V tiles of 64
+  // columns staged with cp.async, mma.sync m16n8k16 with float32 accumulation, online softmax.
+  // bf16 / f16 with act == the cache dtype, head dims multiples of 16 up to 256, sdpa semantics.
+  kFlashMma,
+};
+const char* attention_kernel_name(AttentionKernel k);
+
+// What a plan depends on, read off a call (shape_of in attention.cu).
+struct AttentionShape {
+  DType cache = DType::kF32;  // dtype of q (after conversion), k and v
+  DType act = DType::kF32;
+  int64_t batch = 1, tokens = 1, heads = 1, kv_heads = 1;
+  int64_t head_dim_k = 0, head_dim_v = 0;
+  int64_t capacity = 0;     // cache columns per sequence (not the length)
+  bool eager = false;       // AttentionSpec::eager_rounding
+  bool aligned16 = true;    // q, k, v start on 16-byte boundaries
+  int sm_count = 132;       // multiprocessors of the device (H200: 132)
+};
+
+struct AttentionPlan {
+  AttentionKernel kernel = AttentionKernel::kSplitSimt;
+  int splits = 1;  // kSplitSimt: cache splits (each ceil(capacity / splits) columns)
+  bool operator==(const AttentionPlan&) const = default;
+  std::string describe() const;  // "split-KV SIMT, 8 splits" / "flash mma.sync"
+};
+
+// Query tokens per sequence up to which a call counts as decode (split-KV even in bf16).
+inline constexpr int64_t kAttentionDecodeTokens = 16;
+// Queries (tokens x heads of one GQA group) per block of the split kernel, and the fewest cache
+// columns a split is given (below that the combine costs more than the parallelism brings).
+inline constexpr int kSplitQueries = 16;
+inline constexpr int64_t kSplitMinColumns = 256;
+inline constexpr int kSplitMaxSplits = 64;
+
+bool flash_mma_applies(const AttentionShape& s);
+// Rules: the flash mma kernel for prefill (tokens > kAttentionDecodeTokens) where it applies;
+// otherwise the split kernel, with enough splits that the grid gives every SM two blocks, at most
+// one split per kSplitMinColumns of capacity and at most kSplitMaxSplits.
+AttentionPlan plan_attention(const AttentionShape& s);
+// Throws InvalidInput naming the field when `p` cannot run shape `s`.
+void check_attention_plan(const AttentionPlan& p, const AttentionShape& s);
+
+// The op with a given plan (cuda::attention = attention_planned with plan_attention).
+Tensor attention_planned(const Tensor& q, const LayerKV& kv, const Step& step, const AttentionSpec& spec,
+                         DType act, const AttentionPlan& plan);
+// The shape the op plans for (tests: to derive a plan and override one field).
+AttentionShape attention_shape_of(const Tensor& q, const LayerKV& kv, const Step& step,
+                                  const AttentionSpec& spec, DType act);
+
+}  // namespace moex::ops::cuda

@@ -1,0 +1,107 @@
+// The device KV cache (ops.hpp): k [batch, capacity, k_dim] and v [batch, capacity, v_dim] in k's
+// dtype on k's device.
+//
+// The append kernel reads `past` from the device step instead of taking it as an argument, so a
+// decode step's launch is the same at every length (a captured graph replays it). Growing past the
+// capacity reallocates and copies what is cached on the device (cudaMemcpy2DAsync, one row of
+// filled * dim elements per sequence); that path allocates and is meant to run outside capture
+// (a graph-captured decode preallocates the capacity with KVCache's capacity hint).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "cuda/common.cuh"
+#include "cuda/runtime.hpp"
+#include "moex/error.hpp"
+#include "ops/cuda/cuda_ops.hpp"
+
+namespace moex::ops::cuda {
+
+namespace {
+
+// cache[b, past + t, :] = x[b * T + t, :], 16 bytes per thread and step when both sides allow it
+// (same dtype, dim * size a multiple of 16), else element by element with conversion.
+__global__ void kv_copy_rows_kernel(const void* src, int src_code, void* dst, int dst_code, const int32_t* step,
+                                    int64_t rows, int tokens, int64_t capacity, int64_t dim, int elem_bytes,
+                                    bool vec) {
+  const int64_t past = step[0];
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  if (vec) {
+    const int64_t per = 16 / elem_bytes, chunks = dim / per;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * chunks; i += stride) {
+      const int64_t r = i / chunks, c = i % chunks, b = r / tokens, t = r % tokens;
+      const uint4* s = reinterpret_cast<const uint4*>(static_cast<const char*>(src) + (r * dim + c * per) * elem_bytes);
+      uint4* d = reinterpret_cast<uint4*>(static_cast<char*>(dst) +
+                                          ((b * capacity + past + t) * dim + c * per) * elem_bytes);
+      *d = *s;
+    }
+    return;
+  }
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * dim; i += stride) {
+    const int64_t r = i / dim, e = i % dim, b = r / tokens, t = r % tokens;
+    const float x = moex::cuda::load_float(src, src_code, i);
+    const int64_t o = (b * capacity + past + t) * dim + e;
+    if (dst_code == moex::cuda::kCodeF16) static_cast<__half*>(dst)[o] = __float2half_rn(x);
+    else if (dst_code == moex::cuda::kCodeBF16) static_cast<__nv_bfloat16*>(dst)[o] = __float2bfloat16_rn(x);
+    else static_cast<float*>(dst)[o] = x;
+  }
+}
+
+int code_of(DType t) {
+  switch (t) {
+    case DType::kF32: return moex::cuda::kCodeF32;
+    case DType::kF16: return moex::cuda::kCodeF16;
+    case DType::kBF16: return moex::cuda::kCodeBF16;
+    default: throw Unsupported("kv_append on CUDA: dtype " + std::string(dtype_name(t)));
+  }
+}
+
+// A [batch, capacity, dim] tensor holding the first `filled` columns of `old` (if any).
+Tensor regrow(const Tensor& old, DType dtype, Device dev, int64_t batch, int64_t capacity, int64_t dim,
+              int64_t filled, cudaStream_t stream) {
+  Tensor t = Tensor::empty({batch, capacity, dim}, dtype, dev);
+  if (old.defined() && filled > 0 && batch > 0 && dim > 0) {
+    const size_t es = dtype_size(dtype);
+    MOEX_CUDA_CHECK(cudaMemcpy2DAsync(t.raw(), size_t(capacity * dim) * es, old.raw(), size_t(old.size(1) * dim) * es,
+                                      size_t(filled * dim) * es, size_t(batch), cudaMemcpyDeviceToDevice, stream));
+  }
+  return t;
+}
+
+void copy_rows(Tensor& cache, const Tensor& x, const Step& step, cudaStream_t stream) {
+  const int64_t rows = step.rows(), dim = cache.size(2);
+  if (rows == 0 || dim == 0) return;
+  const int elem_bytes = int(dtype_size(cache.dtype()));
+  const bool vec = x.dtype() == cache.dtype() && (dim * elem_bytes) % 16 == 0 &&
+                   (reinterpret_cast<uintptr_t>(x.raw()) & 15) == 0 && (reinterpret_cast<uintptr_t>(cache.raw()) & 15) == 0;
+  const int64_t work = vec ? rows * dim * elem_bytes / 16 : rows * dim;
+  const int64_t blocks = std::clamp<int64_t>((work + 255) / 256, 1, 65535);
+  kv_copy_rows_kernel<<<unsigned(blocks), 256, 0, stream>>>(x.raw(), code_of(x.dtype()), cache.raw(),
+                                                             code_of(cache.dtype()), step.device.data<int32_t>(), rows,
+                                                             int(step.tokens), cache.size(1), dim, elem_bytes, vec);
+  MOEX_CUDA_CHECK_LAUNCH(kv_copy_rows_kernel);
+}
+
+}  // namespace
+
+void kv_append(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step) {
+  const Device dev = k.device();
+  moex::cuda::DeviceGuard guard(dev.index);
+  cudaStream_t stream = moex::cuda::current_stream();
+  const int64_t need = kv.filled + step.tokens;
+  if (!kv.k.defined() || need > kv.capacity()) {
+    // First use: what the caller planned for; later: double, so that appends stay amortised O(1).
+    const int64_t cap = kv.k.defined() ? std::max(need, 2 * kv.capacity()) : std::max(need, kv.capacity_hint);
+    const DType dtype = kv.k.defined() ? kv.k.dtype() : k.dtype();
+    kv.k = regrow(kv.k, dtype, dev, step.batch, cap, k.size(1), kv.filled, stream);
+    kv.v = regrow(kv.v, dtype, dev, step.batch, cap, v.size(1), kv.filled, stream);
+  }
+  if (step.rows() > 0) {
+    if (!step.device.defined()) throw InvalidInput("kv_append on CUDA: the step has no device mirror (make_device_step)");
+    copy_rows(kv.k, k, step, stream);
+    copy_rows(kv.v, v, step, stream);
+  }
+  kv.filled = need;
+}
+
+}  // namespace moex::ops::cuda
