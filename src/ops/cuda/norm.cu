@@ -1,0 +1,121 @@
+// RMSNorm on CUDA, both roundings, any group width (contract: ops.hpp; host: src/ops/cpu/norm.cpp).
+//
+// One team of threads per group: a warp when the group is at most kWarpGroupMax wide (per-head q/k
+// norms, 64..256 wide, thousands of groups: no block-level barrier at all), else a block of
+// kBlockTeam threads (hidden-size norms, one group per row). Two passes over the group's values,
+// the second one from L1 / L2: the sum of squares, then the scaled, rounded output.
+//
+// Agreement with the host: squares of float32 values are exact in double, so the sum of squares
+// differs from the host's sequential one only by the rounding of a differently ordered double sum
+// (~1e-16 relative), and r = 1 / sqrt(mean + eps) is formed with exactly the host's float32 and
+// double roundings. r therefore equals the host's except when float(ss / n) falls within that
+// noise of a float32 rounding boundary (about one group in 10^8), and the outputs are then equal
+// bit for bit. The team reduction is a fixed tree (xor butterfly, then warps in order), so a
+// result does not change from run to run.
+#include <string>
+
+#include "ops/cuda/cuda_ops.hpp"
+#include "ops/cuda/small_ops.cuh"
+
+namespace moex::ops::cuda {
+
+namespace {
+
+using moex::cuda::from_float;
+
+constexpr int kWarpGroupMax = 1024;
+constexpr int kBlockTeam = 512;
+constexpr int kWarpsPerBlock = kThreads / 32;
+
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
+// kTeam = 32: a warp per group, kWarpsPerBlock groups per block; otherwise the block is the team.
+// x and out may alias (in place): each element is read and then written by the same thread.
+template <class TO, int kTeam>
+__global__ void __launch_bounds__(kTeam == 32 ? kThreads : kTeam)
+    rms_norm_kernel(const void* x, int x_code, const void* __restrict__ w, int w_code, int64_t groups,
+                    int64_t group, float eps, int act, int inner, TO* out) {
+  __shared__ double partial[kTeam == 32 ? 1 : kTeam / 32];
+  const int lane = threadIdx.x % kTeam;
+  const int64_t g = kTeam == 32 ? blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32 : int64_t(blockIdx.x);
+  // A warp team past the last group still takes part in nothing block-wide: it may leave.
+  if (kTeam == 32 && g >= groups) return;
+  const int64_t base = g * group;
+
+  double ss = 0;
+  for (int64_t i = lane; i < group; i += kTeam) {
+    const double v = load_float(x, x_code, base + i);
+    ss += v * v;
+  }
+  ss = warp_sum(ss);
+  if constexpr (kTeam > 32) {
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
+    __syncthreads();
+    ss = 0;
+    for (int j = 0; j < kTeam / 32; ++j) ss += partial[j];
+  }
+  // The host's expression: float mean, float + eps, float sqrt, double reciprocal, float.
+  const float mean = float(ss / double(group));
+  const float r = float(1.0 / double(__fsqrt_rn(__fadd_rn(mean, eps))));
+
+  for (int64_t i = lane; i < group; i += kTeam) {
+    const float v = round_to(__fmul_rn(load_float(x, x_code, base + i), r), inner);
+    out[base + i] = from_float<TO>(round_to(__fmul_rn(load_float(w, w_code, i), v), act));
+  }
+}
+
+// x_code / x_raw: the input; out: the output of element type TO (x itself when in place).
+template <class TO>
+void launch_rms_norm(const void* x_raw, int x_code, const Tensor& weight, int64_t numel, int64_t group,
+                     float eps, DType act, RmsNormStyle style, TO* out) {
+  const int64_t groups = numel / group;
+  const int act_code = float_code(act, "rms_norm"), w_code = float_code(weight.dtype(), "rms_norm");
+  // Llama casts x * r to the activation dtype before the weight product; gpt-oss does not.
+  const int inner = style == RmsNormStyle::kLlama ? act_code : kCodeF32;
+  cudaStream_t s = moex::cuda::current_stream();
+  if (group <= kWarpGroupMax) {
+    const int64_t blocks = (groups + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    if (blocks > 0x7fffffff) throw Unsupported("rms_norm: " + std::to_string(groups) + " groups");
+    rms_norm_kernel<TO, 32><<<unsigned(blocks), kThreads, 0, s>>>(x_raw, x_code, weight.raw(), w_code, groups,
+                                                                  group, eps, act_code, inner, out);
+  } else {
+    if (groups > 0x7fffffff) throw Unsupported("rms_norm: " + std::to_string(groups) + " groups");
+    rms_norm_kernel<TO, kBlockTeam><<<unsigned(groups), kBlockTeam, 0, s>>>(
+        x_raw, x_code, weight.raw(), w_code, groups, group, eps, act_code, inner, out);
+  }
+  MOEX_CUDA_CHECK_LAUNCH(rms_norm_kernel);
+}
+
+}  // namespace
+
+void rms_norm_(Tensor& x, const Tensor& weight, float eps, DType act, int64_t group, RmsNormStyle style) {
+  if (group <= 0) group = x.size(1);
+  const int64_t numel = x.numel();
+  if (numel == 0 || group == 0) return;
+  const int x_code = float_code(x.dtype(), "rms_norm");
+  moex::cuda::DeviceGuard g(x.device().index);
+  with_float_type(x.dtype(), "rms_norm", [&](auto t) {
+    using T = decltype(t);
+    launch_rms_norm<T>(x.raw(), x_code, weight, numel, group, eps, act, style, x.data<T>());
+  });
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, DType act, int64_t group, RmsNormStyle style) {
+  if (group <= 0) group = x.size(1);
+  const int x_code = float_code(x.dtype(), "rms_norm");
+  moex::cuda::DeviceGuard g(x.device().index);
+  Tensor out = Tensor::empty(x.shape(), act, x.device());
+  const int64_t numel = x.numel();
+  if (numel == 0 || group == 0) return out;
+  with_float_type(act, "rms_norm", [&](auto t) {
+    using T = decltype(t);
+    launch_rms_norm<T>(x.raw(), x_code, weight, numel, group, eps, act, style, out.data<T>());
+  });
+  return out;
+}
+
+}  // namespace moex::ops::cuda

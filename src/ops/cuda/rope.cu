@@ -1,0 +1,116 @@
+// Rotary position embedding on CUDA (contract: ops.hpp; host: src/ops/cpu/rope.cpp).
+//
+// One block per row; thread (i, y) owns the frequency pair i of heads y, y + ty, ... of that row.
+// cos / sin depend on (position, i) only, so each thread computes its pair once per row and
+// reuses it for every head it rotates: the double-precision sin / cos (what the host's
+// Rope::cos_sin evaluates) are the expensive part of this op.
+//
+// The frequencies travel by value in the kernel's parameter struct (at most kMaxPairs floats,
+// 1 KiB of the 4 KiB parameter space): no per-call allocation or upload, and the same launch at
+// every decode step. Positions come from the step's device mirror.
+//
+// Agreement with the host: f = inv_freq * position is the same float32 product; cos / sin are
+// evaluated in double (CUDA: within 2 ulp of double, glibc: correctly rounded in practice), so
+// their float32 roundings agree unless the double value lies within a few 1e-16 of a float32
+// rounding boundary (about once in 10^8 values); every later step is the host's float32 / act
+// rounding sequence, with products and sums kept apart (no FMA contraction).
+#include <string>
+
+#include "ops/cuda/cuda_ops.hpp"
+#include "ops/cuda/small_ops.cuh"
+
+namespace moex::ops::cuda {
+
+namespace {
+
+using moex::cuda::from_float;
+using moex::cuda::to_float;
+
+constexpr int kMaxPairs = 256;  // rotary_dim up to 512
+
+struct RopeParams {
+  float inv_freq[kMaxPairs];
+  const int32_t* positions;  // [rows] in the step's device mirror
+  int64_t width;             // x's row length
+  int64_t head_stride;
+  int64_t offset;            // first rotated dim of each head
+  int heads;
+  int half;                  // rotary_dim / 2
+  float scale;               // attention_scaling, as float (the host's factor)
+  int act;
+  bool interleaved;
+};
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) rope_kernel(T* x, const RopeParams p) {
+  const int64_t row = blockIdx.x;
+  const int i = threadIdx.x;
+  const bool active = i < p.half;
+  float c = 0.0f, s = 0.0f;
+  if (active) {
+    const float f = __fmul_rn(p.inv_freq[i], float(p.positions[row]));
+    c = round_to(__fmul_rn(float(cos(double(f))), p.scale), p.act);
+    s = round_to(__fmul_rn(float(sin(double(f))), p.scale), p.act);
+  }
+  // Every thread runs the same number of iterations: the interleaved layout needs a barrier
+  // between reading a head and writing it back (slot i receives x[2i], read by another thread).
+  for (int h0 = 0; h0 < p.heads; h0 += blockDim.y) {
+    const int h = h0 + threadIdx.y;
+    T* v = x + row * p.width + int64_t(h) * p.head_stride + p.offset;
+    const bool on = active && h < p.heads;
+    float x1 = 0.0f, x2 = 0.0f;
+    if (on) {
+      x1 = to_float(v[p.interleaved ? 2 * i : i]);
+      x2 = to_float(v[p.interleaved ? 2 * i + 1 : i + p.half]);
+    }
+    if (p.interleaved) __syncthreads();
+    if (on) {
+      // (x * cos) + (rotate_half(x) * sin), every product and sum rounded as torch's bf16 ops.
+      const float a = round_to(__fmul_rn(x1, c), p.act), b = round_to(__fmul_rn(-x2, s), p.act);
+      const float d = round_to(__fmul_rn(x2, c), p.act), e = round_to(__fmul_rn(x1, s), p.act);
+      v[i] = from_float<T>(round_to(__fadd_rn(a, b), p.act));
+      v[i + p.half] = from_float<T>(round_to(__fadd_rn(d, e), p.act));
+    }
+    // Threads of a row stay in step so that the next head's reads follow this head's writes
+    // only through disjoint addresses; no second barrier is needed.
+  }
+}
+
+}  // namespace
+
+void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const Rope& rope,
+           RopeLayout layout, const Step& step, DType act) {
+  const int64_t rows = step.rows(), half = rope.rotary_dim / 2;
+  if (rows == 0 || heads == 0 || half == 0) return;
+  if (half > kMaxPairs || int64_t(rope.inv_freq.size()) < half)
+    throw Unsupported("rope: rotary_dim " + std::to_string(rope.rotary_dim) + " with " +
+                      std::to_string(rope.inv_freq.size()) + " frequencies (the CUDA rope takes up to " +
+                      std::to_string(2 * kMaxPairs) + " dims)");
+  if (heads > 0x7fffffff || rows > 0x7fffffff)
+    throw Unsupported("rope: " + std::to_string(rows) + " rows x " + std::to_string(heads) + " heads");
+  const Device dev = x.device();
+  RopeParams p{};
+  for (int64_t i = 0; i < half; ++i) p.inv_freq[i] = float(rope.inv_freq[size_t(i)]);
+  p.positions = device_step_data(step, dev, "rope") + device_step_position_offset(step);
+  p.width = x.size(1);
+  p.head_stride = head_stride;
+  p.offset = offset;
+  p.heads = int(heads);
+  p.half = int(half);
+  p.scale = float(rope.attention_scaling);
+  p.act = float_code(act, "rope");
+  p.interleaved = layout == RopeLayout::kInterleaved;
+
+  // x: the pairs, rounded up to whole warps; y: heads side by side up to kThreads threads.
+  const int tx = int((half + 31) / 32 * 32);
+  const int ty = int(std::min<int64_t>(heads, std::max(1, kThreads / tx)));
+  moex::cuda::DeviceGuard g(dev.index);
+  with_float_type(x.dtype(), "rope", [&](auto t) {
+    using T = decltype(t);
+    rope_kernel<T><<<unsigned(rows), dim3(unsigned(tx), unsigned(ty)), 0, moex::cuda::current_stream()>>>(
+        x.data<T>(), p);
+  });
+  MOEX_CUDA_CHECK_LAUNCH(rope_kernel);
+}
+
+}  // namespace moex::ops::cuda
