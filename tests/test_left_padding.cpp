@@ -1,7 +1,7 @@
 // Left-padded batches with an attention mask (transformers' padding_side="left"): for every
 // architecture fixture, fp32 and bf16, the real positions of a padded batch compute exactly what
-// each sequence computes alone (logits and greedy tokens), and bad masks are rejected naming the
-// problem.
+// each sequence computes alone (logits and greedy tokens); three models against transformers'
+// own padded batches; bad masks are rejected naming the problem.
 //
 // The batch has ugly lengths on purpose: 13 (no padding), 9 (past gpt_oss's sliding window of 8,
 // so the window and the padding both cut the keys), 1 (a one-token prompt under 12 padding
@@ -18,6 +18,7 @@
 
 #include "moex/error.hpp"
 #include "moex/model.hpp"
+#include "moex/safetensors.hpp"
 #include "support/test_support.hpp"
 
 namespace moex {
@@ -158,6 +159,54 @@ INSTANTIATE_TEST_SUITE_P(AllModels, LeftPadding, ::testing::ValuesIn(checkpoints
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param).substr(11);
                          });
+
+// Against transformers itself: the padded batches of padded_reference.safetensors (made by
+// tests/data/hf-tiny/make_padded_references.py) for qwen2_moe (sdpa), gpt_oss (eager, sinks,
+// sliding window 8 < 13 columns) and deepseek_v3 (MLA). Only real positions are compared:
+// transformers' values at padding positions are its own.
+class LeftPaddingTransformers : public ::testing::TestWithParam<std::string> {};
+
+// The rows of logits [B, T, V] where mask [B, T] is 1, as one [rows, V] tensor.
+Tensor real_rows(const Tensor& logits, const Tensor& mask) {
+  const int64_t V = logits.size(2);
+  const auto f = logits.contiguous().to_float_vector();
+  const auto m = mask.to_int_vector();
+  std::vector<float> out;
+  for (size_t i = 0; i < m.size(); ++i)
+    if (m[i] == 1) out.insert(out.end(), f.begin() + int64_t(i) * V, f.begin() + int64_t(i + 1) * V);
+  return Tensor::from_floats(out, {int64_t(out.size()) / V, V});
+}
+
+TEST_P(LeftPaddingTransformers, LogitsAndGreedyMatch) {
+  const std::string model = GetParam();
+  auto ref = SafetensorsFile::open(test::data_path("hf-tiny/" + model + "/padded_reference.safetensors"));
+  const Tensor ids = ref->get("input_ids"), mask = ref->get("attention_mask");
+  auto lm = load(model, "checkpoint_fp32");
+  for (const char* backend : {"eager", "batched_mm", "grouped_mm"}) {
+    lm->set_experts_implementation(backend);
+    const double err = test::rel_l2_error(real_rows(lm->logits(ids, mask), mask),
+                                          real_rows(ref->get("logits_fp32"), mask));
+    std::printf("%s %s padded fp32 rel L2 %.3g\n", model.c_str(), backend, err);
+    // The unpadded fixtures' bound: float32 summation order, not a wrong mask or position.
+    EXPECT_LE(err, 1e-5) << model << " with " << backend;
+  }
+  // Stop tokens off, as the reference was made: every row runs all 8 steps.
+  lm->set_experts_implementation("grouped_mm");
+  const Tensor want = ref->get("greedy_fp32");
+  EXPECT_EQ(lm->generate(ids, greedy(want.size(1) - ids.size(1)), mask).to_int_vector(), want.to_int_vector())
+      << model;
+
+  auto bf16 = load(model, "checkpoint_bf16");
+  const double err = test::rel_l2_error(real_rows(bf16->logits(ids, mask), mask),
+                                        real_rows(ref->get("logits_bf16"), mask));
+  // The bf16 bound of test_model_fixtures.cpp (a few bf16 roundings amplified through layers).
+  const double tol = 4.0 * std::ldexp(1.0, -8);
+  std::printf("%s padded bf16 rel L2 %.3g (tolerance %.3g)\n", model.c_str(), err, tol);
+  EXPECT_LE(err, tol) << model;
+}
+
+INSTANTIATE_TEST_SUITE_P(ThreeModels, LeftPaddingTransformers,
+                         ::testing::Values("qwen2_moe", "gpt_oss", "deepseek_v3"));
 
 // A mask without padding (all ones, or none at all) is the unpadded path exactly.
 TEST(LeftPaddingMask, AllOnesEqualsNoMask) {
