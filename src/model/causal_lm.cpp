@@ -131,10 +131,12 @@ void CausalLM::validate_ids(const Tensor& input_ids) const {
     throw InvalidInput("empty prompt: input_ids is " + shape_str(input_ids.shape()) +
                        "; give at least one token per sequence");
   const auto ids = input_ids.to_int_vector();
+  const int64_t T = input_ids.size(1);
   for (size_t i = 0; i < ids.size(); ++i)
     if (ids[i] < 0 || ids[i] >= info_.vocab_size)
-      throw InvalidInput("token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
-                         " is outside the vocabulary [0, " + std::to_string(info_.vocab_size) + ")");
+      throw InvalidInput("token id " + std::to_string(ids[i]) + " at input_ids[" + std::to_string(int64_t(i) / T) +
+                         ", " + std::to_string(int64_t(i) % T) + "] is outside the vocabulary [0, " +
+                         std::to_string(info_.vocab_size) + ")");
 }
 
 std::vector<int64_t> CausalLM::left_padding(const Tensor& input_ids, const Tensor& attention_mask) const {
