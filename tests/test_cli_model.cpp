@@ -1,5 +1,6 @@
-// The model commands of the CLI, run as a user would (MOEX_CLI_PATH): generate, logits and info
-// against the transformers fixtures, and bad input answered by one clear error line and exit 2.
+// The model commands of the CLI, run as a user would (MOEX_CLI_PATH): generate (one prompt and
+// left-padded batches), logits (with and without an attention mask) and info against the
+// transformers fixtures, and bad input answered by one clear error line and exit 2.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -140,6 +142,86 @@ TEST_F(Cli, LogitsMatchTransformers) {
   }
 }
 
+// Prompts of different lengths ("a;b;c"): left-padded with the model's pad token and masked, so
+// each row, padding dropped, is what transformers generated for it in a padded batch
+// (padded_reference.safetensors; qwen2_moe has no stop token, so every row runs all steps).
+TEST_F(Cli, GeneratePaddedBatchMatchesTransformers) {
+  auto ref = SafetensorsFile::open(test::data_path("hf-tiny/qwen2_moe/padded_reference.safetensors"));
+  const Tensor ids = ref->get("input_ids"), mask = ref->get("attention_mask"), want = ref->get("greedy_fp32");
+  const int64_t B = ids.size(0), T = ids.size(1), L = want.size(1);
+  const auto id = ids.to_int_vector(), m = mask.to_int_vector(), w = want.to_int_vector();
+  std::string prompts;
+  std::vector<int64_t> pad;
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<int64_t> real;
+    for (int64_t t = 0; t < T; ++t)
+      if (m[size_t(b * T + t)]) real.push_back(id[size_t(b * T + t)]);
+    pad.push_back(T - int64_t(real.size()));
+    prompts += (b ? ";" : "") + join(real);
+  }
+  const std::string out = tmp_ + "/seq.safetensors";
+  Result r = run("generate --model " + model("qwen2_moe") + " --prompt-ids '" + prompts + "' --max-new-tokens " +
+                 std::to_string(L - T) + " --greedy --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["pad_token_id"], 0);  // qwen2_moe names no pad and no stop token
+  EXPECT_EQ(j["pad_token_id_source"], "default 0 (no pad_token_id or eos_token_id)");
+  EXPECT_EQ(j["padding"].get<std::vector<int64_t>>(), pad);
+  EXPECT_EQ(j["prompt_tokens"], T);
+  ASSERT_EQ(j["sequences"].size(), size_t(B));
+  EXPECT_EQ(SafetensorsFile::open(out)->get("sequences").shape(), (Shape{B, L}));
+  for (int64_t b = 0; b < B; ++b) {
+    const auto row = j["sequences"][size_t(b)].get<std::vector<int64_t>>();
+    ASSERT_EQ(int64_t(row.size()), L);
+    EXPECT_EQ(std::vector<int64_t>(row.begin(), row.begin() + pad[size_t(b)]),
+              std::vector<int64_t>(size_t(pad[size_t(b)]), 0)) << "row " << b << " padding";
+    EXPECT_EQ(std::vector<int64_t>(row.begin() + pad[size_t(b)], row.end()),
+              std::vector<int64_t>(w.begin() + b * L + pad[size_t(b)], w.begin() + (b + 1) * L))
+        << "row " << b;
+  }
+}
+
+// The pad token: generation_config.json's pad_token_id (olmoe: 1), else the first stop token
+// (mixtral: 2); the JSON says which.
+TEST_F(Cli, GeneratePadTokenSource) {
+  for (const auto& [name, id, source] :
+       {std::tuple<std::string, int64_t, std::string>{"olmoe", 1, "generation_config.json pad_token_id"},
+        {"mixtral", 2, "eos_token_id"}}) {
+    Result r = run("generate --model " + model(name) + " --prompt-ids '5,6,7;8' --max-new-tokens 1");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["pad_token_id"], id) << name;
+    EXPECT_EQ(j["pad_token_id_source"], source) << name;
+    const auto row = j["sequences"][1].get<std::vector<int64_t>>();
+    EXPECT_EQ(std::vector<int64_t>(row.begin(), row.begin() + 3), (std::vector<int64_t>{id, id, 8})) << name;
+  }
+}
+
+// `moex logits` with an attention_mask in the inputs file: transformers' padded batch.
+TEST_F(Cli, LogitsWithAttentionMaskMatchTransformers) {
+  auto ref = SafetensorsFile::open(test::data_path("hf-tiny/gpt_oss/padded_reference.safetensors"));
+  const std::string in = tmp_ + "/in.safetensors", out = tmp_ + "/out.safetensors";
+  const Tensor mask = ref->get("attention_mask");
+  save_safetensors(in, {{"input_ids", ref->get("input_ids")}, {"attention_mask", mask}});
+  Result r = run("logits --model " + model("gpt_oss") + " --inputs " + in + " --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["attention_mask"], true);
+  // Real positions only (transformers' padding rows are its own).
+  const auto got = SafetensorsFile::open(out)->get("logits").to_float_vector();
+  const auto want = ref->get("logits_fp32").to_float_vector();
+  const auto m = mask.to_int_vector();
+  const size_t V = want.size() / m.size();
+  std::vector<float> a, b;
+  for (size_t i = 0; i < m.size(); ++i)
+    if (m[i]) {
+      a.insert(a.end(), got.begin() + int64_t(i * V), got.begin() + int64_t((i + 1) * V));
+      b.insert(b.end(), want.begin() + int64_t(i * V), want.begin() + int64_t((i + 1) * V));
+    }
+  const int64_t rows = int64_t(a.size() / V);
+  EXPECT_LE(test::rel_l2_error(Tensor::from_floats(a, {rows, int64_t(V)}), Tensor::from_floats(b, {rows, int64_t(V)})),
+            1e-5);
+}
+
 TEST_F(Cli, InfoReportsTheModelAndTheExpertsMap) {
   Result r = run("info --model " + model("qwen3_vl_moe") + " --experts-implementation '{\"\": \"batched_mm\"}'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -171,6 +253,11 @@ TEST_F(Cli, BadInputGivesOneClearError) {
   expect_clean_error("generate" + q2 + " --prompt-ids 1 --device cuda:99", "cuda:99");
   expect_clean_error("generate" + q2 + " --prompt-ids 1 --greedy --seed 3", "--greedy");
   expect_clean_error("generate" + q2 + " --prompt-ids 1,x", "x");
+  expect_clean_error("generate" + q2 + " --prompt-ids '1,2;'", "empty sequence 1");
+  expect_clean_error("generate" + q2 + " --prompt-ids ';1,2'", "empty sequence 0");
+  expect_clean_error("generate" + q2 + " --prompt-ids '1,2;3,y'", "'y'");
+  expect_clean_error("generate" + q2 + " --prompt-ids '1,2;3,,4'", "empty id");
+  expect_clean_error("generate" + q2 + " --prompt-ids '1,2;300'", "300");
 
   // Unknown model_type: a folder whose config names an architecture moex does not have.
   const std::string dir = tmp_ + "/unknown";
@@ -185,6 +272,14 @@ TEST_F(Cli, BadInputGivesOneClearError) {
   expect_clean_error("logits" + q2 + " --inputs " + in + " --out " + tmp_ + "/o.safetensors", "999");
   save_safetensors(in, {{"tokens", Tensor::from_ints({1, 2}, {1, 2})}});
   expect_clean_error("logits" + q2 + " --inputs " + in + " --out " + tmp_ + "/o.safetensors", "input_ids");
+  // logits: an attention_mask that is right padding, or of another shape.
+  save_safetensors(in, {{"input_ids", Tensor::from_ints({1, 2, 3, 4}, {2, 2})},
+                        {"attention_mask", Tensor::from_ints({1, 1, 1, 0}, {2, 2})}});
+  expect_clean_error("logits" + q2 + " --inputs " + in + " --out " + tmp_ + "/o.safetensors",
+                     "attention_mask row 1 is not left padding");
+  save_safetensors(in, {{"input_ids", Tensor::from_ints({1, 2, 3, 4}, {2, 2})},
+                        {"attention_mask", Tensor::from_ints({1, 1}, {1, 2})}});
+  expect_clean_error("logits" + q2 + " --inputs " + in + " --out " + tmp_ + "/o.safetensors", "shape");
 }
 
 }  // namespace

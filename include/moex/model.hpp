@@ -3,6 +3,7 @@
 //   auto lm = moex::from_pretrained("path/to/checkpoint", {.experts_implementation = {{"", "eager"}}});
 //   moex::Tensor logits = lm->logits(input_ids);                // int64 [B, T] -> float32 [B, T, V]
 //   moex::Tensor seq = lm->generate(input_ids, {.max_new_tokens = 12});  // int64 [B, T + N]
+//   lm->logits(input_ids, attention_mask);  // prompts of different lengths, left-padded (below)
 //
 // Experts implementation (the backend that runs the experts of each MoE layer) is a map from a
 // sub-config name to a registered backend name, as in transformers:
@@ -15,9 +16,9 @@
 // activation to bf16 where transformers produces a bf16 tensor, while sums accumulate in float32;
 // logits are returned as float32 holding bf16 values.
 //
-// Errors: InvalidInput (bad checkpoint, token id >= vocab, empty prompt, bad SPEC), UnknownName
-// (unknown model_type, backend or sub-config key; the message lists the valid names), Unsupported
-// (a device or backend that cannot serve the model).
+// Errors: InvalidInput (bad checkpoint, token id >= vocab, empty prompt, bad attention mask, bad
+// SPEC), UnknownName (unknown model_type, backend or sub-config key; the message lists the valid
+// names), Unsupported (a device or backend that cannot serve the model).
 #pragma once
 
 #include <cstdint>
@@ -136,16 +137,32 @@ class CausalLM {
   void set_experts_implementation(const ExpertsImplementation& map);
   ExpertsImplementation get_experts_implementation() const { return impl_; }
 
-  // Full forward over B sequences of T tokens (no padding; a fresh cache). int64 [B, T] ->
-  // float32 [B, T, vocab]. Throws InvalidInput for T == 0 or ids outside [0, vocab).
-  Tensor logits(const Tensor& input_ids);
+  // Batches of prompts of different lengths: LEFT padding with an attention mask, as
+  // transformers' generate(input_ids, attention_mask=...) with padding_side="left".
+  // `attention_mask` is an integer (or bool) tensor of the shape of input_ids holding 0 (padding)
+  // and 1 (token); each row must be zeros then ones with at least one 1 (right or interleaved
+  // padding is an InvalidInput naming the row). Undefined = every token is real. Padding ids are
+  // still ids (any id in [0, vocab); a pad token id is the usual choice). The real tokens of each
+  // row compute exactly what that sequence computes alone (rope positions count from its first
+  // real token, no query reads a padding key; on the host the logits are bit-identical); outputs
+  // keep the padded layout.
 
-  // Greedy or sampled continuation of B prompts (int64 [B, T], T >= 1) -> int64 [B, T + n],
-  // n <= max_new_tokens (fewer when every sequence has emitted a stop token; finished sequences
-  // are padded with their stop token). Decode steps run under decode_stage_experts_implementation
-  // (restored afterwards, also when an exception escapes); when a backend of that map cannot
-  // serve the experts (Unsupported), decoding keeps the caller's map.
-  Tensor generate(const Tensor& input_ids, const GenerationOptions& options = {});
+  // Full forward over B sequences of T tokens (a fresh cache). int64 [B, T] -> float32
+  // [B, T, vocab]. Rows at padding positions are not meaningful (their attention sees no key
+  // and gives zeros; transformers' differ). Throws InvalidInput for T == 0, ids outside
+  // [0, vocab) or a bad mask.
+  Tensor logits(const Tensor& input_ids, const Tensor& attention_mask = Tensor());
+
+  // Greedy or sampled continuation of B prompts (int64 [B, T], T >= 1; left-padded with
+  // `attention_mask` as above) -> int64 [B, T + n], the prompts as given (padding included)
+  // followed by the new tokens, n <= max_new_tokens (fewer when every sequence has emitted a
+  // stop token; finished sequences are padded with their stop token). Decode steps run under
+  // decode_stage_experts_implementation (restored afterwards, also when an exception escapes);
+  // when a backend of that map cannot serve the experts (Unsupported), decoding keeps the
+  // caller's map.
+  //   lm->generate(ids, {.max_new_tokens = 12}, mask);   // transformers: generate(ids, attention_mask=mask, ...)
+  Tensor generate(const Tensor& input_ids, const GenerationOptions& options = {},
+                  const Tensor& attention_mask = Tensor());
 
   const GenerationStats& last_generation_stats() const { return stats_; }
 
@@ -179,6 +196,9 @@ class CausalLM {
   ExpertsImplementation resolve(const ExpertsImplementation& requested,
                                 const ExpertsImplementation& base) const;
   void validate_ids(const Tensor& input_ids) const;
+  // Left-padding columns per row from a validated attention mask ({} when undefined or when no
+  // row is padded). Throws InvalidInput for a mask that is not left padding of input_ids' shape.
+  std::vector<int64_t> left_padding(const Tensor& input_ids, const Tensor& attention_mask) const;
 
   ExpertsImplementation impl_;
   GenerationStats stats_;

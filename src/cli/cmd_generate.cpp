@@ -1,17 +1,76 @@
-// `moex generate`: greedy or sampled continuation of one prompt, printed as JSON (sequence,
-// timing, tokens/s) and optionally written to FILE.safetensors as int64 `sequences` [1, T + N].
+// `moex generate`: greedy or sampled continuation of one prompt or a batch of prompts, printed
+// as JSON (sequences, timing, tokens/s) and optionally written to FILE.safetensors as int64
+// `sequences` [B, T + N].
+//
+// A batch ("1,2,3;4,5") of prompts of different lengths is left-padded to the longest with the
+// model's pad token and run with an attention mask, as transformers' tokenizer(padding_side=
+// "left") + generate do; the output keeps the padding where it was.
+#include <algorithm>
 #include <cstdio>
+#include <optional>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/args.hpp"
 #include "cli/command.hpp"
+#include "moex/checkpoint.hpp"
 #include "moex/error.hpp"
 #include "moex/model.hpp"
 #include "moex/safetensors.hpp"
 
 namespace moex::cli {
 namespace {
+
+// "1,2,3;4,5" -> {{1,2,3},{4,5}}. Every sequence needs at least one id; one empty string is an
+// empty prompt (reported by the library, as for a single prompt).
+std::vector<std::vector<int64_t>> parse_prompts(const std::string& text) {
+  if (text.empty()) return {{}};
+  std::vector<std::vector<int64_t>> out;
+  size_t start = 0;
+  while (true) {
+    const size_t end = text.find(';', start);
+    const std::string item = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    const std::string which = "sequence " + std::to_string(out.size()) + " of --prompt-ids";
+    if (item.empty())
+      throw InvalidInput("empty " + which + " '" + text + "'; separate non-empty sequences of ids with ';'");
+    std::vector<int64_t> ids;
+    size_t s = 0;
+    while (true) {
+      const size_t c = item.find(',', s);
+      const std::string tok = item.substr(s, c == std::string::npos ? std::string::npos : c - s);
+      if (tok.empty()) throw InvalidInput("empty id in " + which + " '" + item + "'");
+      ids.push_back(parse_int(tok, which));
+      if (c == std::string::npos) break;
+      s = c + 1;
+    }
+    out.push_back(std::move(ids));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return out;
+}
+
+// The id that pads shorter prompts, and where it came from: generation_config.json's
+// pad_token_id, else config.json's (or its text_config's), else the first stop token (what
+// transformers' generate falls back to), else 0.
+std::pair<int64_t, std::string> pad_token(const std::string& dir, const CausalLM& lm) {
+  auto ckpt = Checkpoint::open(dir);
+  auto read = [](const nlohmann::json& j) -> std::optional<int64_t> {
+    auto it = j.find("pad_token_id");
+    if (it == j.end() || it->is_null()) return std::nullopt;
+    if (it->is_number_integer()) return it->get<int64_t>();
+    if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) return (*it)[0].get<int64_t>();
+    return std::nullopt;
+  };
+  if (auto id = read(ckpt->generation_config())) return {*id, "generation_config.json pad_token_id"};
+  const nlohmann::json& c = ckpt->config();
+  if (auto id = read(c)) return {*id, "config.json pad_token_id"};
+  if (auto tc = c.find("text_config"); tc != c.end() && tc->is_object())
+    if (auto id = read(*tc)) return {*id, "config.json text_config.pad_token_id"};
+  if (!lm.default_eos_token_ids().empty()) return {lm.default_eos_token_ids()[0], "eos_token_id"};
+  return {0, "default 0 (no pad_token_id or eos_token_id)"};
+}
 
 int run_generate(const std::vector<std::string>& argv) {
   Args a(argv,
@@ -20,9 +79,7 @@ int run_generate(const std::vector<std::string>& argv) {
          {"greedy"});
   const std::string dir = a.require("model");
   // An empty --prompt-ids reaches the library as an empty prompt, which reports it clearly.
-  const std::string ids_text = a.require("prompt-ids");
-  std::vector<int64_t> ids;
-  if (!ids_text.empty()) ids = a.get_int_list("prompt-ids", {});
+  const std::vector<std::vector<int64_t>> prompts = parse_prompts(a.require("prompt-ids"));
 
   GenerationOptions g;
   g.max_new_tokens = a.get_int("max-new-tokens", 20);
@@ -44,8 +101,25 @@ int run_generate(const std::vector<std::string>& argv) {
   LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
                                     a.get_or("experts-implementation", ""));
   auto lm = from_pretrained(dir, o);
-  Tensor prompt = Tensor::from_ints(ids, {1, int64_t(ids.size())});
-  Tensor seq = lm->generate(prompt, g);
+  const auto [pad_id, pad_source] = pad_token(dir, *lm);
+  const int64_t B = int64_t(prompts.size());
+  int64_t T = 0;
+  for (const auto& p : prompts) T = std::max(T, int64_t(p.size()));
+  std::vector<int64_t> ids, mask, padding;
+  for (const auto& p : prompts) {
+    const int64_t n_pad = T - int64_t(p.size());
+    padding.push_back(n_pad);
+    ids.insert(ids.end(), size_t(n_pad), pad_id);
+    ids.insert(ids.end(), p.begin(), p.end());
+    mask.insert(mask.end(), size_t(n_pad), 0);
+    mask.insert(mask.end(), p.size(), 1);
+  }
+  // Checked here so that a pad id the vocabulary lacks is not reported as a prompt id.
+  if (T > 0 && *std::max_element(padding.begin(), padding.end()) > 0 &&
+      (pad_id < 0 || pad_id >= lm->info().vocab_size))
+    throw InvalidInput("pad token id " + std::to_string(pad_id) + " (" + pad_source +
+                       ") is outside the vocabulary [0, " + std::to_string(lm->info().vocab_size) + ")");
+  Tensor seq = lm->generate(Tensor::from_ints(ids, {B, T}), g, Tensor::from_ints(mask, {B, T}));
   if (auto out = a.get("out")) save_safetensors(*out, {{"sequences", seq}});
 
   const GenerationStats& s = lm->last_generation_stats();
@@ -53,8 +127,15 @@ int run_generate(const std::vector<std::string>& argv) {
   j["model_type"] = lm->info().model_type;
   j["dtype"] = std::string(dtype_name(lm->info().dtype));
   j["experts_implementation"] = lm->get_experts_implementation();
-  j["sequences"] = {seq.to_int_vector()};
-  j["prompt_tokens"] = s.prompt_tokens;
+  const std::vector<int64_t> flat = seq.to_int_vector();
+  const int64_t L = seq.size(1);
+  j["sequences"] = nlohmann::json::array();
+  for (int64_t b = 0; b < B; ++b)
+    j["sequences"].push_back(std::vector<int64_t>(flat.begin() + b * L, flat.begin() + (b + 1) * L));
+  j["prompt_tokens"] = s.prompt_tokens;  // per sequence, padding included
+  j["padding"] = padding;                // left-padding columns of each sequence
+  j["pad_token_id"] = pad_id;
+  j["pad_token_id_source"] = pad_source;
   j["new_tokens"] = s.new_tokens;
   j["prepare_seconds"] = s.prepare_seconds;
   j["prefill_seconds"] = s.prefill_seconds;
@@ -70,9 +151,11 @@ int run_generate(const std::vector<std::string>& argv) {
 }
 
 const Registration kGenerate({"generate",
-                              "continue a prompt (--model DIR --prompt-ids 1,2,3 [--max-new-tokens N] "
+                              "continue prompts (--model DIR --prompt-ids 1,2,3[;4,5;...] [--max-new-tokens N] "
                               "[--greedy | --temperature T --top-k K --top-p P --seed S] "
-                              "[--decode-switch auto|on|off])",
+                              "[--decode-switch auto|on|off] [--out SEQ.safetensors]); prompts of "
+                              "different lengths are left-padded with the pad token (pad_token_id, "
+                              "else the first eos id, else 0) and masked",
                               run_generate});
 
 }  // namespace

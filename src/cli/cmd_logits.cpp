@@ -1,5 +1,7 @@
-// `moex logits`: reads int64 `input_ids` [B, T] from a safetensors file, runs the model and writes
-// float32 `logits` [B, T, vocab]; prints a one-line JSON summary.
+// `moex logits`: reads int64 `input_ids` [B, T] and, optionally, an integer `attention_mask`
+// [B, T] (left padding: each row zeros, then ones; what a tokenizer with padding_side="left"
+// returns) from a safetensors file, runs the model and writes float32 `logits` [B, T, vocab];
+// prints a one-line JSON summary. Logits at padding positions are not meaningful.
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -20,23 +22,26 @@ int run_logits(const std::vector<std::string>& argv) {
   if (!file->contains("input_ids"))
     throw InvalidInput("'" + inputs + "' has no tensor 'input_ids' (int64 [batch, tokens])");
   Tensor ids = file->get("input_ids");
+  Tensor mask = file->contains("attention_mask") ? file->get("attention_mask") : Tensor();
   LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
                                     a.get_or("experts-implementation", ""));
   auto lm = from_pretrained(dir, o);
-  Tensor logits = lm->logits(ids);
+  Tensor logits = lm->logits(ids, mask);
   save_safetensors(out, {{"logits", logits}});
   nlohmann::json j;
   j["model_type"] = lm->info().model_type;
   j["dtype"] = std::string(dtype_name(lm->info().dtype));
   j["experts_implementation"] = lm->get_experts_implementation();
   j["logits_shape"] = logits.shape();
+  j["attention_mask"] = mask.defined();
   j["out"] = out;
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
 
 const Registration kLogits({"logits",
-                            "write float32 logits [B, T, V] for int64 input_ids [B, T] "
+                            "write float32 logits [B, T, V] for int64 input_ids [B, T] and an "
+                            "optional left-padding attention_mask [B, T] of 0/1 "
                             "(--model DIR --inputs IN.safetensors --out OUT.safetensors)",
                             run_logits});
 

@@ -132,17 +132,53 @@ void CausalLM::validate_ids(const Tensor& input_ids) const {
     throw InvalidInput("empty prompt: input_ids is " + shape_str(input_ids.shape()) +
                        "; give at least one token per sequence");
   const auto ids = input_ids.to_int_vector();
+  const int64_t T = input_ids.size(1);
   for (size_t i = 0; i < ids.size(); ++i)
     if (ids[i] < 0 || ids[i] >= info_.vocab_size)
-      throw InvalidInput("token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
-                         " is outside the vocabulary [0, " + std::to_string(info_.vocab_size) + ")");
+      throw InvalidInput("token id " + std::to_string(ids[i]) + " at input_ids[" + std::to_string(int64_t(i) / T) +
+                         ", " + std::to_string(int64_t(i) % T) + "] is outside the vocabulary [0, " +
+                         std::to_string(info_.vocab_size) + ")");
 }
 
-Tensor CausalLM::logits(const Tensor& input_ids) {
+std::vector<int64_t> CausalLM::left_padding(const Tensor& input_ids, const Tensor& attention_mask) const {
+  if (!attention_mask.defined()) return {};
+  const DType t = attention_mask.dtype();
+  if (is_floating(t) || t == DType::kFP4x2)
+    throw InvalidInput("attention_mask must be an integer or bool tensor of 0 and 1, got " + attention_mask.str());
+  if (attention_mask.shape() != input_ids.shape())
+    throw InvalidInput("attention_mask must have the shape of input_ids " + shape_str(input_ids.shape()) +
+                       ", got " + shape_str(attention_mask.shape()));
+  const int64_t B = input_ids.size(0), T = input_ids.size(1);
+  const auto mask = attention_mask.to_int_vector();
+  std::vector<int64_t> pad(size_t(B), 0);
+  bool any = false;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t* m = mask.data() + b * T;
+    const std::string row = "attention_mask row " + std::to_string(b);
+    for (int64_t t = 0; t < T; ++t)
+      if (m[t] != 0 && m[t] != 1)
+        throw InvalidInput(row + " holds " + std::to_string(m[t]) + " at column " + std::to_string(t) +
+                           "; the mask holds only 0 (padding) and 1 (token)");
+    int64_t p = 0;
+    while (p < T && m[p] == 0) ++p;
+    if (p == T) throw InvalidInput(row + " has no token (all zeros); every sequence needs at least one");
+    for (int64_t t = p; t < T; ++t)
+      if (m[t] == 0)
+        throw InvalidInput(row + " is not left padding: 0 at column " + std::to_string(t) + " after a 1 at column " +
+                           std::to_string(p) + " (pad on the left: zeros, then ones)");
+    pad[size_t(b)] = p;
+    any = any || p > 0;
+  }
+  // No padded row: the unpadded path exactly.
+  return any ? pad : std::vector<int64_t>{};
+}
+
+Tensor CausalLM::logits(const Tensor& input_ids, const Tensor& attention_mask) {
   validate_ids(input_ids);
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
   model::KVCache cache(B, info_.num_layers, T);
   model::Step step{B, T, 0};
+  step.pad = left_padding(input_ids, attention_mask);
   step.ids = input_ids.to_int_vector();
   // The public result is float32 on the host, whatever the device computed in.
   Tensor out = forward(step, cache, false).to(Device::cpu()).to(DType::kF32);

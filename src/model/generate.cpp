@@ -2,6 +2,11 @@
 // stop tokens or max_new_tokens. Decode steps run under the decode-stage experts policy
 // (decode_stage_experts_implementation), restored by RAII however generation ends.
 //
+// Left-padded batches (an attention mask): every Step of the call, prefill and decode, carries
+// the padding columns of each row, so that a row never reads its padding and its rope positions
+// count from its first real token (transformers' position_ids = cumsum(mask) - 1); the returned
+// sequences keep the padding where it was, as transformers' generate does.
+//
 // Sampling follows transformers' warper order: temperature, then top-k, then top-p, then a draw
 // from the softmax. The random stream is moex's own (std::mt19937_64 seeded with `seed`), so a
 // seed reproduces moex runs, not torch's.
@@ -32,8 +37,10 @@ void validate_options(const GenerationOptions& o) {
 
 }  // namespace
 
-Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& options) {
+Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& options,
+                          const Tensor& attention_mask) {
   validate_ids(input_ids);
+  const std::vector<int64_t> pad = left_padding(input_ids, attention_mask);
   validate_options(options);
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
   const std::vector<int64_t> eos = options.eos_token_ids.value_or(eos_);
@@ -66,6 +73,7 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   Tensor logits;
   if (options.max_new_tokens > 0) {
     model::Step step{B, T, 0};
+    step.pad = pad;
     step.ids = prompt;
     logits = forward(step, cache, true);
   }
@@ -99,7 +107,9 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
         decode_guard.emplace(*this, impl_);
       }
     }
+    // New tokens extend every row at the same column; the left padding stays masked.
     model::Step step{B, 1, T + n};
+    step.pad = pad;
     step.ids = next;
     logits = forward(step, cache, true);
   }

@@ -1,5 +1,8 @@
 // Causal attention over the KV cache, one implementation for sdpa-style float32 scores and
-// transformers' bf16 eager attention (AttentionSpec::eager_rounding; see ops.hpp).
+// transformers' bf16 eager attention (AttentionSpec::eager_rounding; see ops.hpp). Left padding
+// (Step::pad) only narrows the range of keys a query reads; the arithmetic over that range is
+// the same as without padding, so a padded sequence's real rows match its unpadded run bit for
+// bit.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -29,11 +32,23 @@ Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const Att
 #pragma omp for collapse(2) schedule(static)
     for (int64_t r = 0; r < step.rows(); ++r) {
       for (int64_t h = 0; h < spec.heads; ++h) {
-        const int64_t b = r / step.tokens, pos = step.position(r);
+        // Visible keys are cache columns [first, col]: causal up to the query's own column, never
+        // a left-padding column, and within the sliding window counted in columns (transformers
+        // masks by cache position). A real query of a padded sequence thus sees exactly the keys,
+        // in the same order, that it sees when its sequence runs alone.
+        const int64_t b = r / step.tokens, col = step.column(r);
         const float* keys = K + b * cap * kd + (h / group) * spec.head_dim_k;
         const float* vals = V + b * cap * vd + (h / group) * spec.head_dim_v;
-        const int64_t first = spec.sliding_window > 0 ? std::max<int64_t>(0, pos - spec.sliding_window + 1) : 0;
-        const int64_t n = pos + 1 - first;
+        int64_t first = step.pad_of(b);
+        if (spec.sliding_window > 0) first = std::max(first, col - spec.sliding_window + 1);
+        const int64_t n = col + 1 - first;
+        float* o = O + r * od + h * spec.head_dim_v;
+        if (n <= 0) {
+          // A padding query sees no key: zeros (its logits are not meaningful, and no real query
+          // ever reads its keys or values).
+          std::fill(o, o + spec.head_dim_v, 0.0f);
+          continue;
+        }
         scores.resize(size_t(n));
         const float* qv = Q + r * qd + h * spec.head_dim_k;
         const float sink = has_sinks ? round_act(sinks[size_t(h)], sa) : -INFINITY;
@@ -61,7 +76,6 @@ Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const Att
           const float* vv = vals + (first + j) * vd;
           for (int64_t i = 0; i < spec.head_dim_v; ++i) acc[size_t(i)] += w * vv[i];
         }
-        float* o = O + r * od + h * spec.head_dim_v;
         for (int64_t i = 0; i < spec.head_dim_v; ++i) o[i] = round_act(acc[size_t(i)] / after, act);
       }
     }
