@@ -27,8 +27,10 @@ namespace {
 const std::vector<std::string> kModels = {"qwen2_moe", "qwen3_moe", "mixtral",     "olmoe",
                                           "deepseek_v3", "gpt_oss",  "qwen3_vl_moe"};
 
-std::unique_ptr<CausalLM> load(const std::string& model, const std::string& checkpoint) {
+std::unique_ptr<CausalLM> load(const std::string& model, const std::string& checkpoint,
+                               Device device = Device::cpu()) {
   LoadOptions o;
+  o.device = device;
   o.experts_implementation = {{"", "grouped_mm"}};
   return from_pretrained(test::data_path("hf-tiny/" + model + "/" + checkpoint), o);
 }
@@ -163,8 +165,14 @@ INSTANTIATE_TEST_SUITE_P(AllModels, LeftPadding, ::testing::ValuesIn(checkpoints
 // Against transformers itself: the padded batches of padded_reference.safetensors (made by
 // tests/data/hf-tiny/make_padded_references.py) for qwen2_moe (sdpa), gpt_oss (eager, sinks,
 // sliding window 8 < 13 columns) and deepseek_v3 (MLA). Only real positions are compared:
-// transformers' values at padding positions are its own.
-class LeftPaddingTransformers : public ::testing::TestWithParam<std::string> {};
+// transformers' values at padding positions are its own. On the host and, where a GPU is
+// visible, with the whole model on CUDA (fp32 bound 1e-4 there: other summation orders).
+class LeftPaddingTransformers : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
+ protected:
+  void SetUp() override {
+    if (std::get<1>(GetParam()) == "cuda" && test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
 
 // The rows of logits [B, T, V] where mask [B, T] is 1, as one [rows, V] tensor.
 Tensor real_rows(const Tensor& logits, const Tensor& mask) {
@@ -178,17 +186,19 @@ Tensor real_rows(const Tensor& logits, const Tensor& mask) {
 }
 
 TEST_P(LeftPaddingTransformers, LogitsAndGreedyMatch) {
-  const std::string model = GetParam();
+  const std::string model = std::get<0>(GetParam());
+  const Device dev = std::get<1>(GetParam()) == "cuda" ? Device::cuda(0) : Device::cpu();
+  const double fp32_bound = dev.is_cuda() ? 1e-4 : 1e-5;
   auto ref = SafetensorsFile::open(test::data_path("hf-tiny/" + model + "/padded_reference.safetensors"));
   const Tensor ids = ref->get("input_ids"), mask = ref->get("attention_mask");
-  auto lm = load(model, "checkpoint_fp32");
+  auto lm = load(model, "checkpoint_fp32", dev);
   for (const char* backend : {"eager", "batched_mm", "grouped_mm"}) {
     lm->set_experts_implementation(backend);
     const double err = test::rel_l2_error(real_rows(lm->logits(ids, mask), mask),
                                           real_rows(ref->get("logits_fp32"), mask));
-    std::printf("%s %s padded fp32 rel L2 %.3g\n", model.c_str(), backend, err);
+    std::printf("%s %s %s padded fp32 rel L2 %.3g\n", model.c_str(), backend, dev.str().c_str(), err);
     // The unpadded fixtures' bound: float32 summation order, not a wrong mask or position.
-    EXPECT_LE(err, 1e-5) << model << " with " << backend;
+    EXPECT_LE(err, fp32_bound) << model << " with " << backend;
   }
   // Stop tokens off, as the reference was made: every row runs all 8 steps.
   lm->set_experts_implementation("grouped_mm");
@@ -196,7 +206,7 @@ TEST_P(LeftPaddingTransformers, LogitsAndGreedyMatch) {
   EXPECT_EQ(lm->generate(ids, greedy(want.size(1) - ids.size(1)), mask).to_int_vector(), want.to_int_vector())
       << model;
 
-  auto bf16 = load(model, "checkpoint_bf16");
+  auto bf16 = load(model, "checkpoint_bf16", dev);
   const double err = test::rel_l2_error(real_rows(bf16->logits(ids, mask), mask),
                                         real_rows(ref->get("logits_bf16"), mask));
   // The bf16 bound of test_model_fixtures.cpp (a few bf16 roundings amplified through layers).
@@ -206,7 +216,9 @@ TEST_P(LeftPaddingTransformers, LogitsAndGreedyMatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ThreeModels, LeftPaddingTransformers,
-                         ::testing::Values("qwen2_moe", "gpt_oss", "deepseek_v3"));
+                         ::testing::Combine(::testing::Values("qwen2_moe", "gpt_oss", "deepseek_v3"),
+                                            ::testing::Values("cpu", "cuda")),
+                         [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
 // A mask without padding (all ones, or none at all) is the unpadded path exactly.
 TEST(LeftPaddingMask, AllOnesEqualsNoMask) {
