@@ -3,7 +3,7 @@
 
 For each model shape the script makes a random-weight checkpoint with transformers itself
 (save_pretrained: config.json + safetensors, the layout users download), unless --work already
-holds it, then measures per (batch, prompt length):
+holds it, then measures per case (batch B, prompt length P):
   - transformers 5.x generate (dynamic cache, greedy, stop tokens off) with each experts
     implementation asked for: prefill tokens/s = B P / time of a 1-token generate, decode
     tokens/s = B (N - 1) / (time of an N-token generate - prefill time); median of --repeats
@@ -14,7 +14,7 @@ Prints one markdown table per model (moex's floor and fraction of floor beside b
 
 Usage on the GPU machine (from the repository root, moex built with CUDA):
   python3 bench/e2e_side_by_side.py --moex build/moex --models qwen1.5-moe-a2.7b \
-      --batch 1,32 --prompt-tokens 128,4096 --new-tokens 64 --work /tmp/e2e
+      --cases 1x128,32x128,1x4096 --new-tokens 64 --work /tmp/e2e
 """
 import argparse
 import json
@@ -80,10 +80,16 @@ def make_checkpoint(model, layers, path, torch, transformers):
     log("made %s in %.0f s" % (path, time.time() - t0))
 
 
-def time_transformers(path, impl, batches, prompts, new_tokens, repeats, torch, transformers):
+def time_transformers(path, impl, cases, new_tokens, repeats, torch, transformers):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    m = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map=dev,
-                                                          experts_implementation=impl)
+    try:  # straight to the device where accelerate is installed
+        m = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map=dev,
+                                                              experts_implementation=impl)
+    except ValueError as e:
+        if "accelerate" not in str(e):
+            raise
+        m = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
+                                                              experts_implementation=impl).to(dev)
     m.eval()
     rows = []
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -100,27 +106,32 @@ def time_transformers(path, impl, batches, prompts, new_tokens, repeats, torch, 
         assert out.shape[1] == ids.shape[1] + n
         return time.perf_counter() - t0
 
-    for P in prompts:
-        for B in batches:
-            ids = torch.randint(0, m.config.vocab_size, (B, P), generator=g).to(dev)
+    for B, P in cases:
+        ids = torch.randint(0, m.config.vocab_size, (B, P), generator=g).to(dev)
+        try:
             run(ids, 2)  # warm-up
             pre = statistics.median(run(ids, 1) for _ in range(repeats))
             full = statistics.median(run(ids, new_tokens) for _ in range(repeats))
-            dec = max(full - pre, 1e-9)
-            rows.append(dict(engine="transformers", impl=impl, batch=B, prompt_tokens=P,
-                             prefill_tokens_per_second=B * P / pre,
-                             decode_tokens_per_second=B * (new_tokens - 1) / dec))
-            log("transformers %s B=%d P=%d: prefill %.0f tok/s, decode %.1f tok/s" % (
-                impl, B, P, rows[-1]["prefill_tokens_per_second"], rows[-1]["decode_tokens_per_second"]))
+        except torch.OutOfMemoryError:
+            log("transformers %s B=%d P=%d: out of memory" % (impl, B, P))
+            if dev == "cuda":
+                torch.cuda.empty_cache()
+            continue
+        dec = max(full - pre, 1e-9)
+        rows.append(dict(engine="transformers", impl=impl, batch=B, prompt_tokens=P,
+                         prefill_tokens_per_second=B * P / pre,
+                         decode_tokens_per_second=B * (new_tokens - 1) / dec))
+        log("transformers %s B=%d P=%d: prefill %.0f tok/s, decode %.1f tok/s" % (
+            impl, B, P, rows[-1]["prefill_tokens_per_second"], rows[-1]["decode_tokens_per_second"]))
     del m
     if dev == "cuda":
         torch.cuda.empty_cache()
     return rows
 
 
-def time_moex(binary, path, impl, batches, prompts, new_tokens, repeats, device):
+def time_moex(binary, path, impl, cases, new_tokens, repeats, device):
     cmd = [binary, "bench", "generate", "--model", path, "--device", device, "--dtype", "bfloat16",
-           "--batch", ",".join(map(str, batches)), "--prompt-tokens", ",".join(map(str, prompts)),
+           "--cases", ",".join("%dx%d" % c for c in cases),
            "--new-tokens", str(new_tokens), "--repeats", str(repeats), "--json"]
     if impl:
         cmd += ["--experts-implementation", impl]
@@ -190,8 +201,7 @@ def main():
     ap.add_argument("--moex", required=True)
     ap.add_argument("--models", default="qwen1.5-moe-a2.7b")
     ap.add_argument("--layers", type=int, default=0, help="override the depth of every model")
-    ap.add_argument("--batch", default="1,32")
-    ap.add_argument("--prompt-tokens", default="128,4096")
+    ap.add_argument("--cases", default="1x128,32x128,1x4096", help="BATCHxPROMPT,...")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--hf-impls", default="batched_mm,grouped_mm", help="'' skips transformers")
@@ -203,17 +213,16 @@ def main():
     a = ap.parse_args()
     import torch
     import transformers
-    batches = [int(x) for x in a.batch.split(",")]
-    prompts = [int(x) for x in a.prompt_tokens.split(",")]
+    cases = [tuple(int(v) for v in c.split("x")) for c in a.cases.split(",")]
     all_rows = {}
     for model in a.models.split(","):
         path = os.path.join(a.work, model + ("-%dl" % a.layers if a.layers else ""))
         make_checkpoint(model, a.layers, path, torch, transformers)
         rows = []
         for impl in [x for x in a.moex_impls.split(",") if x]:
-            rows += time_moex(a.moex, path, impl, batches, prompts, a.new_tokens, a.repeats, a.device)
+            rows += time_moex(a.moex, path, impl, cases, a.new_tokens, a.repeats, a.device)
         for impl in [x for x in a.hf_impls.split(",") if x]:
-            rows += time_transformers(path, impl, batches, prompts, a.new_tokens, a.repeats, torch, transformers)
+            rows += time_transformers(path, impl, cases, a.new_tokens, a.repeats, torch, transformers)
         all_rows[model] = rows
         print(table(model, rows), flush=True)
         print(flush=True)

@@ -45,7 +45,7 @@ double median(std::vector<double> v) {
 
 int run_bench_generate(const std::vector<std::string>& argv) {
   Args a(argv,
-         {"model", "device", "dtype", "batch", "prompt-tokens", "new-tokens", "experts-implementation",
+         {"model", "device", "dtype", "batch", "prompt-tokens", "cases", "new-tokens", "experts-implementation",
           "decode-switch", "repeats", "seed"},
          {"json"});
   const std::string dir = a.require("model");
@@ -83,14 +83,28 @@ int run_bench_generate(const std::vector<std::string>& argv) {
   std::mt19937_64 rng(uint64_t(a.get_int("seed", 0)));
   std::uniform_int_distribution<int64_t> id(0, info.vocab_size - 1);
 
+  // The rows: every (batch, prompt) pair, or the --cases list "BxP,BxP" (e.g. "1x128,32x128,1x4096").
+  std::vector<std::pair<int64_t, int64_t>> cases;
+  if (auto c = a.get("cases")) {
+    for (const std::string& item : a.get_list("cases", {})) {
+      const size_t x = item.find('x');
+      if (x == std::string::npos) throw InvalidInput("--cases entries are BATCHxPROMPT, got '" + item + "'");
+      const int64_t B = parse_int(item.substr(0, x), "--cases batch"), P = parse_int(item.substr(x + 1), "--cases prompt");
+      if (B < 1 || P < 1) throw InvalidInput("--cases entries need batch and prompt >= 1, got '" + item + "'");
+      cases.emplace_back(B, P);
+    }
+  } else {
+    for (int64_t P : prompts)
+      for (int64_t B : batches) cases.emplace_back(B, P);
+  }
   struct Timed {
     int64_t B, P;
     double prefill_s, decode_s;
     int64_t peak_bytes;
   };
   std::vector<Timed> timed;
-  for (int64_t P : prompts) {
-    for (int64_t B : batches) {
+  for (const auto& [B, P] : cases) {
+    {
       std::vector<int64_t> ids(size_t(B * P));
       for (auto& v : ids) v = id(rng);
       const Tensor input = Tensor::from_ints(ids, {B, P});

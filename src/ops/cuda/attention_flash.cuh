@@ -21,7 +21,8 @@
 // last query's column; cp.async zero-fills rows outside [lo, hi), so a masked p of 0 never meets
 // uninitialised cache memory (0 * NaN). Per element: t < T, j <= c = past + t, c - j < window;
 // masked scores are -inf; a row that has seen only -inf keeps m = -inf, uses 0 as its reference
-// (no -inf - -inf) and ends with l = 0, written as zeros. Only sdpa semantics (see
+// (no -inf - -inf) and ends with l = 0, written as zeros. Sinks join the denominator in the
+// epilogue (the row is rescaled to max(m, sink)). Only sdpa semantics (see
 // attention_plan.hpp for why eager goes to the split kernel).
 #pragma once
 
@@ -46,6 +47,8 @@ struct FlashParams {
   int64_t capacity, q_dim, k_dim, v_dim, out_dim;
   float scale;
   int window;
+  const void* sinks;  // [heads] per-head sink logits (joins the denominator), or null
+  int sinks_code;
 };
 
 template <int kD>
@@ -211,13 +214,23 @@ __global__ void __launch_bounds__(kFlashThreads) attention_flash_mma_kernel(Flas
     float sum = l[r];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    // A sink joins the denominator only: rescale the row to max(m, sink), add exp(sink - max).
+    // A row that saw no key (m = -inf) ends with o = 0 and sum = 1: zeros, as without a sink.
+    float keep = 1.f;
+    if (p.sinks) {
+      const float sink = moex::cuda::load_float(p.sinks, p.sinks_code, h);
+      const float m_new = fmaxf(m[r], sink);
+      keep = m[r] == -INFINITY ? 0.f : expf(m[r] - m_new);
+      sum = sum * keep + expf(sink - m_new);
+    }
     const int t = t0 + row0 + 8 * r;
     if (t >= p.tokens) continue;
     T* orow = og + (int64_t(b) * p.tokens + t) * p.out_dim + int64_t(h) * p.dv;
 #pragma unroll
     for (int nv = 0; nv < NV; ++nv) {
       if (nv * 8 >= p.dv) break;
-      const float x0 = sum > 0.f ? o[nv][2 * r] / sum : 0.f, x1 = sum > 0.f ? o[nv][2 * r + 1] / sum : 0.f;
+      const float x0 = sum > 0.f ? o[nv][2 * r] * keep / sum : 0.f;
+      const float x1 = sum > 0.f ? o[nv][2 * r + 1] * keep / sum : 0.f;
       *reinterpret_cast<uint32_t*>(orow + nv * 8 + 2 * (lane % 4)) = moex::cuda::pack2<T>(x0, x1);
     }
   }

@@ -109,6 +109,8 @@ void launch_attention_flash_mma(const AttentionArgs& a, void* out, cudaStream_t 
   fp.out_dim = int64_t(a.heads) * a.dv;
   fp.scale = a.scale;
   fp.window = a.window;
+  fp.sinks = a.sinks;
+  fp.sinks_code = a.sinks_code;
   if (a.elem == kAttnBF16) launch_flash_typed<__nv_bfloat16>(fp, a.batch, stream);
   else if (a.elem == kAttnF16) launch_flash_typed<__half>(fp, a.batch, stream);
   else throw Unsupported("attention: the flash mma kernel runs bf16 / f16 only");
