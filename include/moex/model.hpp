@@ -87,8 +87,10 @@ struct GenerationStats {
   int64_t batch = 0;
   int64_t prompt_tokens = 0;  // per sequence
   int64_t new_tokens = 0;     // per sequence
+  // The prompt's forward and the choice of the first new token (time to first token: on a GPU
+  // the choice is what waits for the forward's kernels), then every later step with its choice.
   double prefill_seconds = 0;
-  double decode_seconds = 0;  // every step after the prefill, including the token choice
+  double decode_seconds = 0;
   // One-time experts preparation (weight packing, device workspaces) for the prefill's and the
   // decode stage's backends, done before the prefill clock starts; 0 once everything is cached.
   double prepare_seconds = 0;

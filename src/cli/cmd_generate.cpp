@@ -138,6 +138,9 @@ int run_generate(const std::vector<std::string>& argv) {
   j["pad_token_id_source"] = pad_source;
   j["new_tokens"] = s.new_tokens;
   j["prepare_seconds"] = s.prepare_seconds;
+  j["load_seconds"] = lm->info().load_seconds;
+  j["load_gb_per_second"] =
+      lm->info().load_seconds > 0 ? double(lm->info().weight_bytes) / lm->info().load_seconds / 1e9 : 0.0;
   j["prefill_seconds"] = s.prefill_seconds;
   j["decode_seconds"] = s.decode_seconds;
   // Decode rate: tokens after the first (which the prefill produced) over the decode time.
