@@ -80,6 +80,12 @@ struct GenerationOptions {
   uint64_t seed = 0;        // sampling only
   // Stop tokens; nullopt = generation_config.json "eos_token_id" (an int or a list), else config.json.
   std::optional<std::vector<int64_t>> eos_token_ids;
+  // On a CUDA device, decode steps run as one captured CUDA graph (every layer and the experts
+  // backend), replayed once per step; the first decode step runs directly (it warms plans and
+  // workspaces) and the capture follows it. A backend whose launches cannot be captured (eager:
+  // it reads routing counts on the host) falls back to direct launches, said in
+  // GenerationStats::graph_note. Ignored on the host.
+  bool cuda_graph = true;
 };
 
 // Timing of the last generate() call (wall clock, seconds).
@@ -94,6 +100,10 @@ struct GenerationStats {
   // One-time experts preparation (weight packing, device workspaces) for the prefill's and the
   // decode stage's backends, done before the prefill clock starts; 0 once everything is cached.
   double prepare_seconds = 0;
+  bool graph = false;      // decode steps replayed a captured CUDA graph
+  std::string graph_note;  // why not, when a graph was asked for on CUDA and not used
+  int64_t graph_replays = 0;           // decode steps run as a replay
+  int64_t graph_captures_dropped = 0;  // re-captures after the KV cache grew past its capacity
 };
 
 struct ModelInfo {

@@ -46,7 +46,7 @@ double median(std::vector<double> v) {
 int run_bench_generate(const std::vector<std::string>& argv) {
   Args a(argv,
          {"model", "device", "dtype", "batch", "prompt-tokens", "cases", "new-tokens", "experts-implementation",
-          "decode-switch", "repeats", "seed"},
+          "decode-switch", "graph", "repeats", "seed"},
          {"json"});
   const std::string dir = a.require("model");
   LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
@@ -65,6 +65,9 @@ int run_bench_generate(const std::vector<std::string>& argv) {
   GenerationOptions g;
   g.max_new_tokens = new_tokens;
   g.eos_token_ids = std::vector<int64_t>{};
+  const std::string graph = a.get_or("graph", "on");
+  if (graph != "on" && graph != "off") throw InvalidInput("--graph must be on or off, got '" + graph + "'");
+  g.cuda_graph = graph == "on";
   const std::string sw = a.get_or("decode-switch", "auto");
   if (sw == "on") g.decode_switch = DecodeSwitch::kOn;
   else if (sw == "off") g.decode_switch = DecodeSwitch::kOff;
@@ -101,6 +104,8 @@ int run_bench_generate(const std::vector<std::string>& argv) {
     int64_t B, P;
     double prefill_s, decode_s;
     int64_t peak_bytes;
+    bool graph;
+    std::string graph_note;
   };
   std::vector<Timed> timed;
   for (const auto& [B, P] : cases) {
@@ -121,7 +126,8 @@ int run_bench_generate(const std::vector<std::string>& argv) {
         prefill.push_back(s.prefill_seconds);
         decode.push_back(s.decode_seconds);
       }
-      timed.push_back({B, P, median(prefill), median(decode), peak_memory_bytes(info.device)});
+      const GenerationStats& last = lm->last_generation_stats();
+      timed.push_back({B, P, median(prefill), median(decode), peak_memory_bytes(info.device), last.graph, last.graph_note});
     }
   }
   // The ceilings last, so that their buffers do not count in the rows' peak memory.
@@ -167,6 +173,8 @@ int run_bench_generate(const std::vector<std::string>& argv) {
       j["dtype"] = std::string(dtype_name(info.dtype));
       j["experts_implementation"] = lm->get_experts_implementation();
       j["repeats"] = repeats;
+      j["graph"] = t.graph;
+      if (!t.graph_note.empty()) j["graph_note"] = t.graph_note;
       if (json) {
         std::printf("%s\n", j.dump().c_str());
       } else {

@@ -75,7 +75,7 @@ std::pair<int64_t, std::string> pad_token(const std::string& dir, const CausalLM
 int run_generate(const std::vector<std::string>& argv) {
   Args a(argv,
          {"model", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p", "seed", "dtype",
-          "device", "experts-implementation", "decode-switch", "out"},
+          "device", "experts-implementation", "decode-switch", "graph", "out"},
          {"greedy"});
   const std::string dir = a.require("model");
   // An empty --prompt-ids reaches the library as an empty prompt, which reports it clearly.
@@ -92,6 +92,9 @@ int run_generate(const std::vector<std::string>& argv) {
   g.top_p = float(a.get_double("top-p", 1.0));
   g.seed = uint64_t(a.get_int("seed", 0));
   // The decode-stage switch (grouped_mm -> batched_mm for the decode steps): auto = on GPUs only.
+  const std::string graph = a.get_or("graph", "on");
+  if (graph != "on" && graph != "off") throw InvalidInput("--graph must be on or off, got '" + graph + "'");
+  g.cuda_graph = graph == "on";
   const std::string sw = a.get_or("decode-switch", "auto");
   if (sw == "auto") g.decode_switch = DecodeSwitch::kAuto;
   else if (sw == "on") g.decode_switch = DecodeSwitch::kOn;
@@ -138,6 +141,8 @@ int run_generate(const std::vector<std::string>& argv) {
   j["pad_token_id_source"] = pad_source;
   j["new_tokens"] = s.new_tokens;
   j["prepare_seconds"] = s.prepare_seconds;
+  j["graph"] = s.graph;
+  if (!s.graph_note.empty()) j["graph_note"] = s.graph_note;
   j["load_seconds"] = lm->info().load_seconds;
   j["load_gb_per_second"] =
       lm->info().load_seconds > 0 ? double(lm->info().weight_bytes) / lm->info().load_seconds / 1e9 : 0.0;
@@ -156,7 +161,7 @@ int run_generate(const std::vector<std::string>& argv) {
 const Registration kGenerate({"generate",
                               "continue prompts (--model DIR --prompt-ids 1,2,3[;4,5;...] [--max-new-tokens N] "
                               "[--greedy | --temperature T --top-k K --top-p P --seed S] "
-                              "[--decode-switch auto|on|off] [--out SEQ.safetensors]); prompts of "
+                              "[--decode-switch auto|on|off] [--graph on|off] [--out SEQ.safetensors]); prompts of "
                               "different lengths are left-padded with the pad token (pad_token_id, "
                               "else the first eos id, else 0) and masked",
                               run_generate});

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 
 #include "moex/device.hpp"
@@ -18,6 +19,19 @@ int cuda_device_count();  // 0 without GPU or without CUDA support; never throws
 // Bytes a new allocation on `device` can get: the driver's free memory plus the blocks the
 // caching allocator holds unused (released to the driver first). 0 without CUDA.
 size_t device_free_bytes(Device device);
+// A CUDA graph captured from the calling thread's current stream of a device, with the private
+// memory pool its captured work allocated from (kept while the graph lives). replay() launches
+// it on the current stream.
+class CapturedGraph {
+ public:
+  virtual ~CapturedGraph() = default;
+  virtual void replay() = 0;
+};
+// Runs `fn` under stream capture (its launches are recorded, not executed) and returns the graph.
+// When capture fails (fn synchronises, copies from pageable memory, ...), the capture is ended
+// and the error rethrown; whatever host state fn changed is the caller's to restore.
+// Unsupported without CUDA.
+std::unique_ptr<CapturedGraph> capture_graph(Device device, const std::function<void()>& fn);
 // The calling thread's current stream of a CUDA device, as cudaStream_t (moex::cuda::current_stream).
 void* current_stream(Device device);
 

@@ -19,6 +19,51 @@ size_t device_free_bytes(Device device) {
   MOEX_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   return free;
 }
+namespace {
+
+class CudaGraph final : public CapturedGraph {
+ public:
+  explicit CudaGraph(int device) : device_(device), pool_(std::make_unique<moex::cuda::PrivatePool>(device)) {}
+  ~CudaGraph() override {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+  }
+  void replay() override {
+    moex::cuda::DeviceGuard guard(device_);
+    MOEX_CUDA_CHECK(cudaGraphLaunch(exec_, moex::cuda::current_stream()));
+  }
+  int device_;
+  std::unique_ptr<moex::cuda::PrivatePool> pool_;  // destroyed after the graph (member order)
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<CapturedGraph> capture_graph(Device device, const std::function<void()>& fn) {
+  moex::cuda::DeviceGuard guard(device.index);
+  auto g = std::make_unique<CudaGraph>(device.index);
+  cudaStream_t s = moex::cuda::current_stream();
+  MOEX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  try {
+    moex::cuda::PrivatePoolScope scope(g->pool_.get());
+    fn();
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    cudaStreamEndCapture(s, &broken);
+    if (broken) cudaGraphDestroy(broken);
+    cudaGetLastError();  // the capture's error is reported by the exception
+    throw;
+  }
+  const cudaError_t err = cudaStreamEndCapture(s, &g->graph_);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw DeviceError(std::string("graph capture failed on ") + device.str() + ": " + cudaGetErrorString(err));
+  }
+  MOEX_CUDA_CHECK(cudaGraphInstantiate(&g->exec_, g->graph_, 0));
+  return g;
+}
+
 void* current_stream(Device device) {
   moex::cuda::DeviceGuard guard(device.index);
   return moex::cuda::current_stream();

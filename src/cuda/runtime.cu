@@ -117,8 +117,11 @@ struct Pool {
   // Free blocks per device: capacity -> pointers.
   std::map<int, std::multimap<size_t, void*>> free_blocks;
   std::unordered_map<void*, std::pair<int, size_t>> live;  // ptr -> (device, capacity)
+  // Blocks owned by a private pool (see PrivatePool): a free returns them there.
+  std::unordered_map<void*, PrivatePool*> owner;
   AllocatorStats stats;
 };
+thread_local PrivatePool* t_private = nullptr;
 Pool& pool() {
   static Pool* p = new Pool();  // leaked on purpose: blocks may be released during static teardown
   return *p;
@@ -134,6 +137,38 @@ size_t round_size(size_t bytes) {
 void* cache_alloc(size_t bytes, int device, size_t* capacity) {
   size_t want = round_size(bytes);
   Pool& p = pool();
+  PrivatePool* priv = t_private && t_private->device_ == device ? t_private : nullptr;
+  if (priv) {
+    std::lock_guard<std::mutex> lock(p.mu);
+    auto it = priv->free_.lower_bound(want);
+    if (it != priv->free_.end() && it->first <= 2 * want) {
+      void* ptr = it->second;
+      const size_t cap = it->first;
+      priv->free_.erase(it);
+      p.live[ptr] = {device, cap};
+      if (capacity) *capacity = cap;
+      return ptr;
+    }
+  }
+  if (priv) {
+    // A new block for the private pool: from the global cache or the driver, owned by the pool
+    // from now on.
+    t_private = nullptr;
+    size_t cap = 0;
+    void* ptr = nullptr;
+    try {
+      ptr = cache_alloc(bytes, device, &cap);
+    } catch (...) {
+      t_private = priv;
+      throw;
+    }
+    t_private = priv;
+    std::lock_guard<std::mutex> lock(p.mu);
+    p.owner[ptr] = priv;
+    priv->blocks_.emplace_back(ptr, cap);
+    if (capacity) *capacity = cap;
+    return ptr;
+  }
   {
     std::lock_guard<std::mutex> lock(p.mu);
     auto& fl = p.free_blocks[device];
@@ -175,8 +210,25 @@ void cache_free(void* ptr, int device) {
   if (it == p.live.end()) return;
   size_t cap = it->second.second;
   p.live.erase(it);
-  p.free_blocks[device].emplace(cap, ptr);
+  auto own = p.owner.find(ptr);
+  if (own != p.owner.end()) own->second->free_.emplace(cap, ptr);
+  else p.free_blocks[device].emplace(cap, ptr);
 }
+
+PrivatePool::PrivatePool(int device) : device_(device) {}
+
+PrivatePool::~PrivatePool() {
+  Pool& p = pool();
+  std::lock_guard<std::mutex> lock(p.mu);
+  // Blocks still in use (a tensor made under the pool outlives it) go back to the global cache
+  // when they are freed; the others go back now.
+  for (auto [ptr, cap] : blocks_) p.owner.erase(ptr);
+  for (auto [cap, ptr] : free_) p.free_blocks[device_].emplace(cap, ptr);
+  if (t_private == this) t_private = nullptr;
+}
+
+PrivatePoolScope::PrivatePoolScope(PrivatePool* pool) : prev_(t_private) { t_private = pool; }
+PrivatePoolScope::~PrivatePoolScope() { t_private = prev_; }
 
 void empty_cache() {
   Pool& p = pool();

@@ -16,7 +16,10 @@
 
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <memory>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include "moex/device.hpp"
@@ -80,6 +83,33 @@ std::shared_ptr<Storage> alloc_storage(size_t bytes, int device);
 void* cache_alloc(size_t bytes, int device, size_t* capacity = nullptr);
 void cache_free(void* p, int device);
 void empty_cache();  // returns cached blocks to the driver (not while a stream is capturing)
+
+// A private memory pool for a captured graph. While a PrivatePoolScope names it on a thread,
+// that thread's allocations on the pool's device come from the pool (new blocks are taken from
+// the global cache and stay the pool's) and their frees return there. A graph bakes the
+// addresses of every tensor its captured work touched, the scratch tensors freed during capture
+// included: kept in the pool, those blocks are never handed to other work while the graph may be
+// replayed. Destroying the pool (after the graph) returns its blocks to the global cache.
+class PrivatePool {
+ public:
+  explicit PrivatePool(int device);
+  ~PrivatePool();
+  PrivatePool(const PrivatePool&) = delete;
+  PrivatePool& operator=(const PrivatePool&) = delete;
+  int device_;
+  std::multimap<size_t, void*> free_;                // free blocks of the pool: capacity -> ptr
+  std::vector<std::pair<void*, size_t>> blocks_;     // every block the pool owns
+};
+class PrivatePoolScope {
+ public:
+  explicit PrivatePoolScope(PrivatePool* pool);
+  ~PrivatePoolScope();
+  PrivatePoolScope(const PrivatePoolScope&) = delete;
+  PrivatePoolScope& operator=(const PrivatePoolScope&) = delete;
+
+ private:
+  PrivatePool* prev_;
+};
 struct AllocatorStats {
   size_t cuda_mallocs = 0;   // cudaMalloc calls so far (a warm forward adds none)
   size_t bytes_reserved = 0;

@@ -166,7 +166,9 @@ std::vector<bool> DecoderLM::sliding_layers(bool (*fallback)(int64_t layer)) con
 }
 
 Tensor DecoderLM::forward(Step& step, KVCache& cache, bool last_only) {
-  ops::make_device_step(step, info_.device);  // the step's one upload (CUDA)
+  // The step's one upload (CUDA), unless the caller made the mirror already (a captured step:
+  // no copy from pageable memory inside a capture).
+  if (!step.device.defined()) ops::make_device_step(step, info_.device);
   Tensor h = ops::embedding(embed_, step, act());
   for (int64_t l = 0; l < cfg_.num_layers; ++l) layer_forward(l, h, step, cache.layers[size_t(l)]);
   // Only the last position of each sequence feeds the head (what generation needs).

@@ -12,10 +12,13 @@
 // seed reproduces moex runs, not torch's.
 #include <algorithm>
 #include <chrono>
+#include <climits>
+#include <memory>
 #include <cmath>
 #include <optional>
 #include <random>
 
+#include "core/device_hooks.hpp"
 #include "model/architecture.hpp"
 #include "moex/error.hpp"
 
@@ -57,7 +60,9 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   const int64_t planned = std::min(std::max<int64_t>(0, options.max_new_tokens - 1), kPreallocatedNewTokens);
   model::KVCache cache(B, info_.num_layers, T + planned);
   using Clock = std::chrono::steady_clock;
-  stats_ = GenerationStats{B, T, 0, 0.0, 0.0};
+  stats_ = GenerationStats{};
+  stats_.batch = B;
+  stats_.prompt_tokens = T;
   // Pack / allocate once, outside the timed stages, for both stages' backends (a decode backend
   // that cannot serve these experts is skipped here as it is below).
   auto tp = Clock::now();
@@ -85,6 +90,24 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   // The decode steps (one token per sequence) run under the decode-stage policy; the guard
   // restores the caller's map when this scope ends, normally or by an exception.
   std::optional<ScopedExpertsImplementation> decode_guard;
+  // CUDA graph of one decode step: captured on the second decode step (the first warmed every
+  // plan and workspace), replayed afterwards with the step's mirror updated in place. It stays
+  // valid while the cache keeps its tensors (the capacity planned above).
+  const bool want_graph = options.cuda_graph && info_.device.is_cuda();
+  bool graph_off = !want_graph;
+  std::unique_ptr<detail::CapturedGraph> graph;
+  model::Step graph_step{B, 1, T};
+  Tensor graph_logits;
+  auto filled = [&] {
+    std::vector<int64_t> f;
+    for (const auto& l : cache.layers) f.push_back(l.filled);
+    return f;
+  };
+  auto capacity = [&] {
+    int64_t c = INT64_MAX;
+    for (const auto& l : cache.layers) c = std::min(c, l.capacity());
+    return c;
+  };
   for (int64_t n = 0; n < options.max_new_tokens; ++n) {
     // One choice for every row (on the model's device; the ids come back to the host).
     std::vector<int64_t> next = ops::choose_tokens(logits, options.do_sample ? &sampling : nullptr, rng);
@@ -117,6 +140,44 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
     model::Step step{B, 1, T + n};
     step.pad = pad;
     step.ids = next;
+    const bool fits = T + n + 1 <= capacity();
+    if (graph && !fits) {
+      // The cache must grow: its tensors move and the graph's addresses go stale. This step runs
+      // directly (and grows the cache); the next one is captured again at the new capacity.
+      graph.reset();
+      graph_logits = Tensor();
+      ++stats_.graph_captures_dropped;
+    }
+    if (!graph_off && !graph && n >= 1 && fits) {
+      graph_step = step;
+      ops::make_device_step(graph_step, info_.device);
+      const std::vector<int64_t> before = filled();
+      try {
+        graph = detail::capture_graph(info_.device, [&] { graph_logits = forward(graph_step, cache, true); });
+        stats_.graph = true;
+      } catch (const std::exception& e) {
+        for (size_t l = 0; l < cache.layers.size(); ++l) cache.layers[l].filled = before[l];
+        graph_off = true;
+        graph_logits = Tensor();
+        stats_.graph_note = std::string("decode steps ran directly: capture failed: ") + e.what();
+      }
+      if (graph) {  // the capture recorded this step (and counted its cache column); run it
+        graph->replay();
+        ++stats_.graph_replays;
+        logits = graph_logits;
+        continue;
+      }
+    }
+    if (graph) {
+      graph_step.past = step.past;
+      graph_step.ids = step.ids;
+      ops::make_device_step(graph_step, info_.device);  // in place: the address the graph reads
+      graph->replay();
+      ++stats_.graph_replays;
+      for (auto& l : cache.layers) ++l.filled;
+      logits = graph_logits;
+      continue;
+    }
     logits = forward(step, cache, true);
   }
 

@@ -17,7 +17,7 @@ namespace {
 // no device implementations; a CUDA tensor cannot exist there (allocation says "built without
 // CUDA"), so that branch only guards against misuse.
 template <class Host, class Dev>
-decltype(auto) dispatch(const char* op, Device device, Host&& host, [[maybe_unused]] Dev&& dev) {
+decltype(auto) dispatch([[maybe_unused]] const char* op, Device device, Host&& host, [[maybe_unused]] Dev&& dev) {
   if (device.is_cuda()) {
 #if MOEX_WITH_CUDA
     return dev();

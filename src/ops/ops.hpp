@@ -66,7 +66,8 @@ struct Step {
   }
 };
 
-// Fills step.device on `device` from the host fields (one upload). Offsets of its parts:
+// Fills step.device on `device` from the host fields (one upload), in place when the step already
+// has a mirror of the same size there (a captured step reads a fixed address). Offsets:
 inline int64_t device_step_pad_offset() { return 1; }
 inline int64_t device_step_position_offset(const Step& s) { return 1 + s.batch; }
 inline int64_t device_step_id_offset(const Step& s) { return 1 + s.batch + s.rows(); }

@@ -48,7 +48,11 @@ void make_device_step(Step& step, Device device) {
   }
 
   moex::cuda::DeviceGuard guard(device.index);
-  Tensor t = Tensor::empty({int64_t(host.size())}, DType::kI32, device);
+  // A step that already has a mirror of this size on this device is updated in place: a captured
+  // decode step keeps reading the same address at every replay.
+  Tensor t = step.device.defined() && step.device.device() == device && step.device.numel() == int64_t(host.size())
+                 ? step.device
+                 : Tensor::empty({int64_t(host.size())}, DType::kI32, device);
   // From pageable memory the runtime stages the bytes before returning, so `host` may go out of
   // scope right after the call; the kernels that read the mirror are queued behind it.
   MOEX_CUDA_CHECK(cudaMemcpyAsync(t.raw(), host.data(), host.size() * sizeof(int32_t),
