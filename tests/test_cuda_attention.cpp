@@ -3,6 +3,7 @@
 // the host op's padding semantics are not assumed). Every case runs a prompt and then several
 // decode steps over one growing cache, and, in CUDA builds, both kernels on the same inputs: the
 // plan's choice, the split-KV SIMT kernel and (where it applies) the tensor-core flash kernel.
+// Cases with values read from the keys (AttentionSpec::v_from_k) append no V.
 //
 // Tolerances, per element |got - ref| <= r * |ref| + a and over the whole output rel_l2 <= e:
 // - float32: r = 1e-5, a = 2e-6, e = 1e-5 (float32 accumulation in another order, expf).
@@ -44,12 +45,13 @@ struct Case {
   int64_t capacity_hint = 0;
   int64_t window = 0;
   bool sinks = false, eager = false;
+  bool v_from_k = false;  // no V cache: values are the first dv columns of each kv head's key
   std::vector<int64_t> pad;  // left padding per sequence (compared with the float64 reference)
   uint64_t seed = 1;
   std::string str() const {
     std::ostringstream s;
     s << dtype_name(dtype) << " dk " << dk << " dv " << dv << " heads " << heads << "/" << kv_heads << " batch "
-      << batch << " window " << window << (sinks ? " sinks" : "") << (eager ? " eager" : "") << " seed " << seed
+      << batch << " window " << window << (sinks ? " sinks" : "") << (eager ? " eager" : "") << (v_from_k ? " v_from_k" : "") << " seed " << seed
       << " steps";
     for (int64_t t : steps) s << " " << t;
     if (!pad.empty()) {
@@ -77,9 +79,10 @@ Tensor device_tensor(const std::vector<float>& v, Shape s, DType dtype) {
 // b * T + t at column c = past + t sees keys pad[b] <= j <= c (and c - j < window); none -> 0.
 std::vector<double> reference_f64(const std::vector<float>& q, const LayerKV& kv, const Step& step,
                                   const AttentionSpec& spec, const std::vector<float>& sinks) {
-  const int64_t cap = kv.capacity(), kd = kv.k.size(2), vd = kv.v.size(2), group = spec.heads / spec.kv_heads;
+  const int64_t cap = kv.capacity(), kd = kv.k.size(2), group = spec.heads / spec.kv_heads;
+  const int64_t vd = spec.v_from_k ? kd : kv.v.size(2), vh = spec.v_from_k ? spec.head_dim_k : spec.head_dim_v;
   const float* K = kv.k.data<float>();
-  const float* V = kv.v.data<float>();
+  const float* V = spec.v_from_k ? K : kv.v.data<float>();
   std::vector<double> out(size_t(step.rows() * spec.heads * spec.head_dim_v), 0.0);
   for (int64_t r = 0; r < step.rows(); ++r)
     for (int64_t h = 0; h < spec.heads; ++h) {
@@ -101,7 +104,7 @@ std::vector<double> reference_f64(const std::vector<float>& q, const LayerKV& kv
       for (auto& x : s) denom += (x = std::exp(x - mx));
       for (int64_t i = 0; i < spec.head_dim_v; ++i) {
         double a = 0;
-        for (int64_t j = lo; j <= c; ++j) a += s[size_t(j - lo)] * double(V[(b * cap + j) * vd + g * spec.head_dim_v + i]);
+        for (int64_t j = lo; j <= c; ++j) a += s[size_t(j - lo)] * double(V[(b * cap + j) * vd + g * vh + i]);
         out[size_t((r * spec.heads + h) * spec.head_dim_v + i)] = a / denom;
       }
     }
@@ -177,6 +180,7 @@ void check_case(const Case& c) {
   hspec.scale = float(1.0 / std::sqrt(double(c.dk)));
   hspec.sliding_window = c.window;
   hspec.eager_rounding = c.eager;
+  hspec.v_from_k = c.v_from_k;
   std::vector<float> sinks;
   if (c.sinks) sinks = random_values(c.heads, 2.0f, DType::kF32, rng);
   AttentionSpec dspec = hspec;
@@ -195,10 +199,17 @@ void check_case(const Case& c) {
     // q ~ U(-2, 2) so that softmax rows are not nearly uniform (masks matter).
     const auto q = random_values(rows * c.heads * c.dk, 2.0f, c.dtype, rng);
     const auto k = random_values(rows * c.kv_heads * c.dk, 1.0f, c.dtype, rng);
-    const auto v = random_values(rows * c.kv_heads * c.dv, 1.0f, c.dtype, rng);
-    kv_append(hkv, host_tensor(k, {rows, c.kv_heads * c.dk}), host_tensor(v, {rows, c.kv_heads * c.dv}), hs);
-    kv_append(dkv, device_tensor(k, {rows, c.kv_heads * c.dk}, c.dtype),
-              device_tensor(v, {rows, c.kv_heads * c.dv}, c.dtype), ds);
+    if (c.v_from_k) {
+      kv_append(hkv, host_tensor(k, {rows, c.kv_heads * c.dk}), Tensor(), hs);
+      kv_append(dkv, device_tensor(k, {rows, c.kv_heads * c.dk}, c.dtype), Tensor(), ds);
+      ASSERT_FALSE(hkv.v.defined());
+      ASSERT_FALSE(dkv.v.defined());
+    } else {
+      const auto v = random_values(rows * c.kv_heads * c.dv, 1.0f, c.dtype, rng);
+      kv_append(hkv, host_tensor(k, {rows, c.kv_heads * c.dk}), host_tensor(v, {rows, c.kv_heads * c.dv}), hs);
+      kv_append(dkv, device_tensor(k, {rows, c.kv_heads * c.dk}, c.dtype),
+                device_tensor(v, {rows, c.kv_heads * c.dv}, c.dtype), ds);
+    }
     ASSERT_EQ(dkv.length(), past + T);
     std::vector<double> ref;
     if (c.pad.empty()) {
@@ -326,6 +337,46 @@ TEST(CudaAttention, SinksAndEagerRounding) {
         c.seed = ++seed;
         check_case(c);
       }
+}
+
+// Values read from the cached keys (AttentionSpec::v_from_k, no V cache). DeepSeek-V3's absorbed
+// MLA: one kv head of [latent 512; rope 64] for 16 query heads, the split kernel's largest shared
+// memory use; then GQA shapes where the flash kernel also runs, eager rounding, left padding.
+TEST(CudaAttention, ValuesFromKeysIncludingMlaAbsorbedShape) {
+  MOEX_REQUIRE_CUDA();
+  uint64_t seed = 900;
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    Case c;
+    c.dtype = dt;
+    c.dk = 576;
+    c.dv = 512;
+    c.heads = 16;
+    c.kv_heads = 1;
+    c.batch = 2;
+    c.v_from_k = true;
+    c.steps = {300, 1, 1, 4, 1};  // no capacity hint: the cache (k only) grows during decode
+    c.seed = ++seed;
+    check_case(c);
+    c.pad = {0, 37};
+    c.steps = {45, 1, 16};
+    c.seed = ++seed;
+    check_case(c);
+  }
+  for (DType dt : {DType::kBF16, DType::kF32})
+    for (bool eager : {false, true}) {
+      Case c;
+      c.dtype = dt;
+      c.dk = 192;
+      c.dv = 128;
+      c.heads = 8;
+      c.kv_heads = 2;
+      c.batch = 2;
+      c.v_from_k = true;
+      c.eager = eager;
+      c.steps = {40, 1, 3};
+      c.seed = ++seed;
+      check_case(c);
+    }
 }
 
 TEST(CudaAttention, PaddedBatchMatchesFloat64Reference) {

@@ -1,6 +1,6 @@
 // DeepSeek-V3 specifics (the shared fixture checks are in test_model_fixtures.cpp): model info,
-// bad configs, the router and
-// the MLA softmax scale alone.
+// bad configs, the router, the MLA softmax scale alone, and the compressed MLA cache: its size and
+// cached steps of every kind (absorbed decode, expanded prompts and chunks) against full forwards.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,12 +11,14 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "model/deepseek_mla.hpp"
+#include "model/layers.hpp"
 #include "model/deepseek_router.hpp"
 #include "moex/error.hpp"
 #include "moex/model.hpp"
@@ -46,6 +48,98 @@ TEST(DeepseekV3, InfoDescribesTheModel) {
   EXPECT_EQ(i.num_experts, 16);
   EXPECT_EQ(i.experts_per_token, 4);
   EXPECT_EQ(i.vocab_size, 256);
+}
+
+// CausalLM::forward is protected (the public API is logits / generate); the tests below drive
+// cached steps of chosen sizes through a derived class's pointer to it (never instantiated).
+struct ForwardAccess : CausalLM {
+  static Tensor run(CausalLM& lm, model::Step& step, model::KVCache& cache, bool last_only) {
+    return (lm.*(&ForwardAccess::forward))(step, cache, last_only);
+  }
+};
+
+// The cache holds [latent; rope key] per token and layer: kv_lora_rank 32 + qk_rope_head_dim 16
+// = 48 values (the expanded form held heads 4 x (qk 48 + v 32) = 320), no value tensor.
+TEST(DeepseekV3Mla, CacheHoldsLatentAndRopeKeyPerToken) {
+  auto lm = load("checkpoint_fp32", DType::kF32, "eager");
+  const int64_t layers = 2, width = 32 + 16, heads = 4;
+  EXPECT_EQ(lm->info().kv_bytes_per_token, layers * width * 4);  // float32 on the host
+  EXPECT_EQ(lm->info().attention_flops_per_pair, layers * 2 * heads * (width + 32));
+  model::KVCache cache(2, layers);
+  model::Step step(2, 3, 0);
+  step.ids = {5, 6, 7, 8, 9, 10};
+  (void)ForwardAccess::run(*lm, step, cache, true);
+  model::Step next(2, 1, 3);
+  next.ids = {11, 12};
+  (void)ForwardAccess::run(*lm, next, cache, true);
+  for (const auto& kv : cache.layers) {
+    ASSERT_TRUE(kv.k.defined());
+    EXPECT_EQ(kv.k.size(0), 2);
+    EXPECT_EQ(kv.k.size(2), width);
+    EXPECT_FALSE(kv.v.defined());
+    EXPECT_EQ(kv.length(), 4);
+  }
+}
+
+std::vector<Device> test_devices() {
+  std::vector<Device> d = {Device::cpu()};
+  if (test::cuda_devices() > 0) d.push_back(Device::cuda(0));
+  return d;
+}
+
+// Cached steps of every kind agree with one full forward over the whole sequences (float32):
+// a short prompt (expanded, past 0), single-token decode steps and a 4-token chunk (absorbed
+// MQA over the compressed cache), a 20-token chunk (expanded from the cached latents), more
+// decode steps. Two sequences, the second left-padded by 3 columns.
+TEST(DeepseekV3Mla, CachedStepsOfEveryKindMatchFullForward) {
+  const std::vector<int64_t> chunks = {3, 1, 1, 4, 20, 1, 1, 1};
+  int64_t total = 0;
+  for (int64_t c : chunks) total += c;
+  std::mt19937_64 rng(11);
+  std::vector<int64_t> ids(size_t(2 * total));
+  for (auto& id : ids) id = int64_t(2 + rng() % 250);
+  const int64_t pad = 3;
+  Tensor mask = Tensor::zeros({2, total}, DType::kI64);
+  {
+    std::vector<int64_t> m(size_t(2 * total), 1);
+    for (int64_t j = 0; j < pad; ++j) m[size_t(total + j)] = 0;
+    mask = Tensor::from_ints(m, {2, total});
+  }
+  for (Device dev : test_devices()) {
+    SCOPED_TRACE(dev.str());
+    LoadOptions o;
+    o.dtype = DType::kF32;
+    o.device = dev;
+    o.experts_implementation = {{"", "eager"}};
+    auto lm = from_pretrained(test::data_path(kDir + "checkpoint_fp32"), o);
+    const Tensor full = lm->logits(Tensor::from_ints(ids, {2, total}), mask);  // [2, total, V]
+    const int64_t V = full.size(2);
+    const auto f = full.to_float_vector();
+    model::KVCache cache(2, 2);
+    int64_t past = 0;
+    for (int64_t T : chunks) {
+      model::Step step(2, T, past);
+      step.pad = {0, pad};
+      for (int64_t b = 0; b < 2; ++b)
+        for (int64_t t = 0; t < T; ++t) step.ids.push_back(ids[size_t(b * total + past + t)]);
+      const auto got = ForwardAccess::run(*lm, step, cache, false).to(Device::cpu()).to(DType::kF32).to_float_vector();
+      ASSERT_EQ(int64_t(got.size()), 2 * T * V);
+      double num = 0, den = 0;
+      for (int64_t b = 0; b < 2; ++b)
+        for (int64_t t = 0; t < T; ++t) {
+          if (b == 1 && past + t < pad) continue;  // padding rows carry no meaning
+          for (int64_t v = 0; v < V; ++v) {
+            const double w = f[size_t((b * total + past + t) * V + v)], d = got[size_t((b * T + t) * V + v)] - w;
+            num += d * d;
+            den += w * w;
+          }
+        }
+      const double rel = std::sqrt(num / den);
+      EXPECT_LE(rel, dev.is_cuda() ? 1e-4 : 1e-5) << "chunk of " << T << " at past " << past;
+      std::printf("%s chunk %ld past %ld rel L2 %.3g\n", dev.str().c_str(), long(T), long(past), rel);
+      past += T;
+    }
+  }
 }
 
 // A copy of the fp32 fixture whose config.json is edited by `edit` (weights symlinked).

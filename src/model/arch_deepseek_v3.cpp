@@ -2,10 +2,29 @@
 //
 // Attention is Multi-head Latent Attention: queries go through a low-rank path (q_a_proj ->
 // q_a_layernorm -> q_b_proj), keys and values are expanded per head from one compressed latent
-// (kv_a_proj_with_mqa -> kv_a_layernorm -> kv_b_proj) plus one rotary key part shared by every
-// head. transformers caches the latent and re-expands it at every step; expansion is a pure
-// function of each cached position, so this file caches the expanded per-head keys and values
-// instead (same numbers, simpler cache, more memory: fine for the sizes moex runs on the host).
+// c = kv_a_layernorm(kv_a_proj_with_mqa(x)[:kv_lora]) (kv_b_proj) plus one rotary key part k_rot
+// shared by every head.
+//
+// The cache is compressed: per token and layer it holds [c; k_rot] (kv_lora + rope values, the
+// key of a multi-query attention) and nothing else; AttentionSpec::v_from_k reads the values as
+// its first kv_lora columns. With W_UK[h] / W_UV[h] the key / value rows of head h in kv_b_proj
+// (GroupedWeight views of the loaded weight, no copies):
+// - decode steps (past > 0, tokens <= kAbsorbTokens) run the absorbed form:
+//   q_lat[h] = W_UK[h]^T q_nope[h] (rounded to act), scores [q_lat; q_rot] . [c; k_rot]
+//   (= q_nope . k_nope + q_rot . k_rot), o_lat[h] = sum_j p_j c_j (rounded), value output
+//   W_UV[h] o_lat[h]. One MQA over the latent: the step reads kv_lora + rope values per cached
+//   token instead of heads * (qk + v).
+// - prompts (past == 0, or more tokens) keep transformers' arithmetic and, when long, the
+//   tensor-core kernel: the latents of columns [0, past + T) (the step's own when past == 0, else
+//   read back from the cache) are expanded with kv_b_proj into per-head keys [k_nope; k_rot] and
+//   values, and the ordinary attention runs on a temporary cache of those. Expansion costs
+//   heads * (nope + v) * kv_lora multiply-adds per cached column, which a prompt amortises over
+//   its tokens and a decode step would not.
+// transformers rounds k_nope / v after kv_b_proj and attends over them; the absorbed form rounds
+// q_lat and o_lat instead, so bf16 decode steps differ at bf16-rounding level (float32: summation
+// order only). A prompt always takes the expanded form, so its bf16 logits round where
+// transformers does: the absorbed rounding flips a near-tie of the router on one token of the
+// tiny bf16 fixture's prompt (that row then differs by 23%).
 //
 // The MoE block routes with sigmoid scores plus e_score_correction_bias (bias used for the
 // choice only), group-limited top-k (n_group / topk_group), optional renormalisation and
@@ -31,6 +50,7 @@ struct MlaWeights {
   Linear kv_a_proj, kv_b_proj;
   Tensor kv_a_norm;
   Linear o_proj;
+  ops::GroupedWeight w_uk, w_uv;  // per-head key / value rows of kv_b_proj (views)
 };
 
 struct DeepseekLayer {
@@ -86,8 +106,9 @@ class DeepseekV3LM final : public DecoderLM {
     rope_ = make_rope(c.json, rope_dim_);
     scale_ = mla_softmax_scale(c.json, qk_dim_, c.where);
     eps_ = float(c.rms_norm_eps);
-    // The cache holds expanded per-head keys and values (see the top of this file).
-    set_attention_cost(heads_ * (qk_dim_ + v_dim_), 2 * heads_ * (qk_dim_ + v_dim_));
+    // The cache holds [latent; rope key] per token; a decode step's absorbed MQA computes
+    // q.k over kv_lora + rope and p.v over kv_lora per head and pair (see the top of this file).
+    set_attention_cost(kv_lora_ + rope_dim_, 2 * heads_ * (kv_lora_ + rope_dim_ + kv_lora_));
 
     const ExpertsSpec spec = gated_experts_spec(E, H, moe_inter, activation);
 
@@ -107,6 +128,8 @@ class DeepseekV3LM final : public DecoderLM {
       a.kv_a_proj = load_linear(ckpt, ap + "kv_a_proj_with_mqa", kv_lora_ + rope_dim_, H, dt, attn_bias, dev);
       a.kv_a_norm = load_vector(ckpt, ap + "kv_a_layernorm.weight", kv_lora_, dt, dev);
       a.kv_b_proj = load_linear(ckpt, ap + "kv_b_proj", heads_ * (nope_ + v_dim_), kv_lora_, dt, false, dev);
+      a.w_uk = {a.kv_b_proj.weight, heads_, nope_ + v_dim_, 0, nope_};
+      a.w_uv = {a.kv_b_proj.weight, heads_, nope_ + v_dim_, nope_, v_dim_};
       a.o_proj = load_linear(ckpt, ap + "o_proj", H, heads_ * v_dim_, dt, attn_bias, dev);
       L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, dt, dev);
       L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, dt, dev);
@@ -143,6 +166,10 @@ class DeepseekV3LM final : public DecoderLM {
   }
 
  private:
+  // Query tokens per step up to which a step with a cache runs the absorbed form (decode; the
+  // split attention kernel's range).
+  static constexpr int64_t kAbsorbTokens = 16;
+
   Tensor attention_block(const MlaWeights& a, const Tensor& x, const Step& step, LayerKV& kv) {
     const DType dt = act();
     // The q_a / kv_a norms are built without eps in transformers, so they use the 1e-6 default.
@@ -156,16 +183,50 @@ class DeepseekV3LM final : public DecoderLM {
     Tensor latent = ops::rms_norm(ops::slice_columns(ckv, 1, 0, kv_lora_), a.kv_a_norm, kLatentEps, dt);
     Tensor k_rot = ops::slice_columns(ckv, 1, kv_lora_, rope_dim_);
     ops::rope_(k_rot, 1, rope_dim_, 0, rope_, layout_, step, dt);
-    Tensor kvb = linear(latent, a.kv_b_proj, dt);  // [rows, heads * (nope + v)]
+    // The compressed cache entry: [c; k_rot], the values being its first kv_lora columns.
+    ops::kv_append(kv, ops::concat_columns(latent, k_rot, 1), Tensor(), step);
 
-    // Per-head keys [k_nope(h); k_rot] (one rope key shared by every head) and values, so that
-    // the generic attention serves MLA.
-    Tensor k = ops::concat_columns(ops::slice_columns(kvb, heads_, 0, nope_), k_rot, heads_, /*b_shared=*/true);
+    const bool absorbed = step.past > 0 && step.tokens <= kAbsorbTokens;
+    Tensor o = absorbed ? absorbed_attention(a, q, kv, step) : expanded_attention(a, q, latent, k_rot, kv, step);
+    return linear(o, a.o_proj, dt);
+  }
+
+  // MQA of [q_lat; q_rot] over the cached [c; k_rot], then W_UV per head. -> [rows, heads * v].
+  Tensor absorbed_attention(const MlaWeights& a, const Tensor& q, const LayerKV& kv, const Step& step) const {
+    const DType dt = act();
+    Tensor q_lat = ops::linear_per_group(ops::slice_columns(q, heads_, 0, nope_), a.w_uk, /*transpose_weight=*/true, dt);
+    Tensor q_abs = ops::concat_columns(q_lat, ops::slice_columns(q, heads_, nope_, rope_dim_), heads_);
+    AttentionSpec spec = gqa_spec(heads_, 1, kv_lora_ + rope_dim_);
+    spec.head_dim_v = kv_lora_;
+    spec.scale = scale_;  // MLA's own (yarn mscale), unchanged by the absorption
+    spec.v_from_k = true;
+    Tensor o_lat = ops::attention(q_abs, kv, step, spec, dt);  // [rows, heads * kv_lora]
+    return ops::linear_per_group(o_lat, a.w_uv, /*transpose_weight=*/false, dt);
+  }
+
+  // transformers' form: per-head keys [k_nope(h); k_rot] and values expanded from the latents of
+  // columns [0, past + T), attended through a temporary cache. -> [rows, heads * v].
+  Tensor expanded_attention(const MlaWeights& a, const Tensor& q, const Tensor& latent, const Tensor& k_rot,
+                            const LayerKV& kv, const Step& step) const {
+    const DType dt = act();
+    const int64_t n = step.past + step.tokens;
+    Tensor lat = latent, rot = k_rot;
+    if (step.past > 0) {
+      Tensor cached = ops::kv_columns(kv.k, n);  // [batch * n, kv_lora + rope]
+      lat = ops::slice_columns(cached, 1, 0, kv_lora_);
+      rot = ops::slice_columns(cached, 1, kv_lora_, rope_dim_);
+    }
+    Tensor kvb = linear(lat, a.kv_b_proj, dt);  // [batch * n, heads * (nope + v)]
+    Tensor k = ops::concat_columns(ops::slice_columns(kvb, heads_, 0, nope_), rot, heads_, /*b_shared=*/true);
     Tensor v = ops::slice_columns(kvb, heads_, nope_, v_dim_);
+    LayerKV expanded;
+    expanded.k = k.view({step.batch, n, heads_ * qk_dim_});
+    expanded.v = v.view({step.batch, n, heads_ * v_dim_});
+    expanded.filled = n;
     AttentionSpec spec = gqa_spec(heads_, heads_, qk_dim_);
     spec.head_dim_v = v_dim_;
-    spec.scale = scale_;  // MLA's own (yarn mscale)
-    return linear(attend(q, k, v, kv, step, spec, dt), a.o_proj, dt);
+    spec.scale = scale_;
+    return ops::attention(q, expanded, step, spec, dt);
   }
 
   Tensor moe_block(const DeepseekLayer& L, const Tensor& x) {

@@ -48,6 +48,10 @@ void kv_append(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step) 
   dispatch("kv_append", k.device(), [&] { cpu::kv_append(kv, k, v, step); }, MOEX_OPS_DEVICE(kv_append(kv, k, v, step)));
 }
 
+Tensor kv_columns(const Tensor& cache, int64_t n) {
+  return dispatch("kv_columns", cache.device(), [&] { return cpu::kv_columns(cache, n); }, MOEX_OPS_DEVICE(kv_columns(cache, n)));
+}
+
 void round_(Tensor& x, DType act) {
   dispatch("round", x.device(), [&] { cpu::round_(x, act); }, MOEX_OPS_DEVICE(round_(x, act)));
 }
@@ -98,6 +102,11 @@ void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const 
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act) {
   return dispatch("linear", x.device(), [&] { return cpu::linear(x, weight, bias, act); }, MOEX_OPS_DEVICE(linear(x, weight, bias, act)));
+}
+
+Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_weight, DType act) {
+  return dispatch("linear_per_group", x.device(), [&] { return cpu::linear_per_group(x, w, transpose_weight, act); },
+                  MOEX_OPS_DEVICE(linear_per_group(x, w, transpose_weight, act)));
 }
 
 Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const AttentionSpec& spec, DType act) {

@@ -81,6 +81,8 @@ void make_device_step(Step& step, Device device);
 // capacity, so that a step's kernels see fixed shapes (and can be captured).
 // Allocated by the first kv_append with max(capacity_hint, what that append needs) columns;
 // an append past the capacity doubles it (copying what is cached).
+// A layer whose values are part of its keys (AttentionSpec::v_from_k: DeepSeek MLA's latent)
+// keeps v undefined: its appends pass an undefined v and write k only.
 struct LayerKV {
   Tensor k, v;
   int64_t filled = 0;
@@ -99,8 +101,14 @@ struct KVCache {
 };
 
 // Appends k [rows, k_dim] and v [rows, v_dim] (row b * T + t -> sequence b, column past + t;
-// step.past == kv.length(): every sequence advances together).
+// step.past == kv.length(): every sequence advances together). v undefined: k only (kv.v stays
+// undefined; every append of that layer must do the same).
 void kv_append(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step);
+
+// Columns [0, n) of every sequence of a cache tensor (kv.k or kv.v) [batch, capacity, dim] ->
+// [batch * n, dim], row b * n + j = column j of sequence b, in the cache's storage dtype.
+// (DeepSeek MLA's prefill re-expands the cached latents.) n <= capacity.
+Tensor kv_columns(const Tensor& cache, int64_t n);
 
 // ---- element-wise ----
 
@@ -177,6 +185,24 @@ void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const 
 // bias; logits hold act values).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act);
 
+// Per-group weight blocks read in place from one weight tensor [groups * group_rows, in]: group
+// g's block W_g is rows [g * group_rows + offset, g * group_rows + offset + rows), [rows, in].
+// (DeepSeek MLA: kv_b_proj [heads * (nope + v), kv_lora] holds W_UK[h] at offset 0, nope rows,
+// and W_UV[h] at offset nope, v rows.)
+struct GroupedWeight {
+  Tensor weight;           // any float dtype, contiguous
+  int64_t groups = 1;
+  int64_t group_rows = 0;  // rows per group (the stride between blocks)
+  int64_t offset = 0;      // first row of a block within its group
+  int64_t rows = 0;        // rows per block
+  int64_t in() const { return weight.size(1); }
+};
+// One linear per group, x [rows, groups * a] -> y [rows, groups * b], y_g from x_g only:
+// transpose_weight false: y_g = x_g W_g^T (a = w.in(), b = w.rows), like linear();
+// transpose_weight true:  y_g = x_g W_g   (a = w.rows, b = w.in()).
+// float32 accumulation in a fixed order, rounded once to act.
+Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_weight, DType act);
+
 // ---- attention ----
 
 struct AttentionSpec {
@@ -194,6 +220,10 @@ struct AttentionSpec {
   // act, then the normalised probabilities e / sum rounded to act. (No-ops in float32 but for
   // where the division happens.)
   bool eager_rounding = false;
+  // On: the values of kv head g are the first head_dim_v columns of its key (head_dim_v <=
+  // head_dim_k) and kv.v is not read (may be undefined). DeepSeek MLA's absorbed form: one
+  // cached [latent; rope key] per token is the key of every head and its latent the value.
+  bool v_from_k = false;
 };
 
 // Causal attention of q [rows, heads * head_dim_k] over every position cached in `kv` up to

@@ -12,13 +12,15 @@
 namespace moex::ops::cpu {
 
 Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const AttentionSpec& spec, DType act) {
-  const int64_t kd = kv.k.size(2), vd = kv.v.size(2), cap = kv.capacity();
+  // v_from_k: the values are the leading head_dim_v columns of each kv head's key slice.
+  const int64_t kd = kv.k.size(2), vd = spec.v_from_k ? kd : kv.v.size(2), cap = kv.capacity();
+  const int64_t v_head = spec.v_from_k ? spec.head_dim_k : spec.head_dim_v;  // kv head stride in V
   const int64_t group = spec.heads / spec.kv_heads;
   const int64_t qd = spec.heads * spec.head_dim_k, od = spec.heads * spec.head_dim_v;
   Tensor out = Tensor::empty({step.rows(), od}, DType::kF32);
   const float* Q = q.data<float>();
   const float* K = kv.k.data<float>();
-  const float* V = kv.v.data<float>();
+  const float* V = spec.v_from_k ? K : kv.v.data<float>();
   float* O = out.data<float>();
   const bool has_sinks = spec.sinks.defined();
   std::vector<float> sinks;
@@ -38,7 +40,7 @@ Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const Att
         // in the same order, that it sees when its sequence runs alone.
         const int64_t b = r / step.tokens, col = step.column(r);
         const float* keys = K + b * cap * kd + (h / group) * spec.head_dim_k;
-        const float* vals = V + b * cap * vd + (h / group) * spec.head_dim_v;
+        const float* vals = V + b * cap * vd + (h / group) * v_head;
         int64_t first = step.pad_of(b);
         if (spec.sliding_window > 0) first = std::max(first, col - spec.sliding_window + 1);
         const int64_t n = col + 1 - first;

@@ -35,6 +35,7 @@ inline float dot(const float* a, const float* b, int64_t n) {
 const float* float_row(const Tensor& t, int64_t offset, int64_t n, float* buf);
 
 void kv_append(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step);
+Tensor kv_columns(const Tensor& cache, int64_t n);
 
 void round_(Tensor& x, DType act);
 void add_(Tensor& a, const Tensor& b, DType act);
@@ -52,6 +53,7 @@ void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const 
            RopeLayout layout, const Step& step, DType act);
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act);
+Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_weight, DType act);
 
 Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const AttentionSpec& spec, DType act);
 

@@ -43,11 +43,19 @@ void kv_append(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step) 
     // First use: what the caller planned for; later: double, so that appends stay amortised O(1).
     const int64_t cap = kv.k.defined() ? std::max(need, 2 * kv.capacity()) : std::max(need, kv.capacity_hint);
     kv.k = regrow(kv.k, step.batch, cap, k.size(1), kv.filled);
-    kv.v = regrow(kv.v, step.batch, cap, v.size(1), kv.filled);
+    if (v.defined()) kv.v = regrow(kv.v, step.batch, cap, v.size(1), kv.filled);
   }
   copy_rows(kv.k, k, kv.filled, step);
-  copy_rows(kv.v, v, kv.filled, step);
+  if (v.defined()) copy_rows(kv.v, v, kv.filled, step);
   kv.filled = need;
+}
+
+Tensor kv_columns(const Tensor& cache, int64_t n) {
+  const int64_t batch = cache.size(0), cap = cache.size(1), dim = cache.size(2);
+  Tensor out = Tensor::empty({batch * n, dim}, DType::kF32);
+  for (int64_t b = 0; b < batch; ++b)
+    std::memcpy(out.data<float>() + b * n * dim, cache.data<float>() + b * cap * dim, size_t(n * dim) * sizeof(float));
+  return out;
 }
 
 }  // namespace cpu

@@ -1,5 +1,5 @@
-// The dense projection y = x W^T + b (see ops.hpp). Kept as the plain blocked loop on purpose:
-// moving it onto the CPU matrix engine is separate work with its own measurements.
+// The dense projection y = x W^T + b and its per-group form (see ops.hpp). Kept as plain loops on
+// purpose: moving them onto the CPU matrix engine is separate work with its own measurements.
 #include <algorithm>
 #include <vector>
 
@@ -29,6 +29,42 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType a
           if (B) v += B[j0 + j];
           yr[j] = round_act(v, act);
         }
+      }
+    }
+  }
+  return y;
+}
+
+// Parallel over groups: each group's block is converted to float32 once and reused by every row.
+// transpose_weight: y_g = x_g W_g, accumulated over the block's rows in ascending order (a fixed
+// order, so results do not depend on the thread count).
+Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_weight, DType act) {
+  const int64_t rows = x.size(0), G = w.groups, in = w.in(), br = w.rows;
+  const int64_t a = transpose_weight ? br : in, b = transpose_weight ? in : br;
+  Tensor y = Tensor::empty({rows, G * b}, DType::kF32);
+  const float* X = x.data<float>();
+  float* Y = y.data<float>();
+#pragma omp parallel if (rows * G * in * br >= kParallelWork)
+  {
+    std::vector<float> buf(w.weight.dtype() == DType::kF32 ? 0 : size_t(br * in));
+    std::vector<float> acc(static_cast<size_t>(b));
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < G; ++g) {
+      const float* W = float_row(w.weight, (g * w.group_rows + w.offset) * in, br * in, buf.data());
+      for (int64_t t = 0; t < rows; ++t) {
+        const float* xr = X + t * G * a + g * a;
+        float* yr = Y + t * G * b + g * b;
+        if (!transpose_weight) {
+          for (int64_t j = 0; j < br; ++j) yr[j] = round_act(dot(xr, W + j * in, in), act);
+          continue;
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t k = 0; k < br; ++k) {
+          const float xk = xr[k];
+          const float* wr = W + k * in;
+          for (int64_t i = 0; i < in; ++i) acc[size_t(i)] += xk * wr[i];
+        }
+        for (int64_t i = 0; i < in; ++i) yr[i] = round_act(acc[size_t(i)], act);
       }
     }
   }

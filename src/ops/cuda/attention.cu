@@ -4,7 +4,7 @@
 // Why the project's own kernels rather than a library's fused attention: the contract needs left-
 // padding masks read from the device step, gpt-oss sinks joining the denominator, bit-level
 // parity with transformers' bf16 eager rounding, DeepSeek MLA's unequal q/k and v head dims
-// (192 / 128) and a decode step whose launches do not depend on the cache length (read on the
+// (192 / 128 expanded; 576 / 512 absorbed, values read from the cached keys) and a decode step whose launches do not depend on the cache length (read on the
 // device, grids sized from the capacity) so that it can be captured in a CUDA graph and replayed at
 // every length. FlashInfer and cuDNN's fused attention cover parts of this; they are to be
 // compared with these kernels by measurement (same harness, same shapes) before any switch.
@@ -48,7 +48,8 @@ AttentionShape attention_shape_of(const Tensor& q, const LayerKV& kv, const Step
   s.capacity = kv.capacity();
   s.eager = spec.eager_rounding;
   // q of another dtype is converted into a fresh (aligned) tensor first.
-  s.aligned16 = kv.k.defined() && aligned16(kv.k) && aligned16(kv.v) && (q.dtype() != s.cache || aligned16(q));
+  s.aligned16 = kv.k.defined() && aligned16(kv.k) && (spec.v_from_k || aligned16(kv.v)) &&
+                (q.dtype() != s.cache || aligned16(q));
   s.sm_count = q.device().is_cuda() ? moex::cuda::device_info(q.device().index).sm_count : 132;
   return s;
 }
@@ -67,6 +68,9 @@ Tensor attention_planned(const Tensor& q, const LayerKV& kv, const Step& step, c
   if (!step.device.defined())
     throw InvalidInput("attention on CUDA: the step has no device mirror (make_device_step)");
   if (!kv.k.defined()) throw InvalidInput("attention on CUDA: the KV cache is empty (kv_append first)");
+  if (spec.v_from_k ? spec.head_dim_v > spec.head_dim_k : !kv.v.defined())
+    throw InvalidInput("attention on CUDA: values from keys need head_dim_v <= head_dim_k; otherwise the cache "
+                       "needs values");
   // Grid limits: batch and heads index grid.z / grid.y; columns are int32 in the kernels.
   if (step.batch > 65535 || spec.heads > 65535 || kv.capacity() > INT32_MAX || rows * spec.heads > INT32_MAX)
     throw Unsupported("attention on CUDA: batch " + std::to_string(step.batch) + ", heads " +
@@ -90,7 +94,9 @@ Tensor attention_planned(const Tensor& q, const LayerKV& kv, const Step& step, c
   if (sinks.defined() && !sinks.device().is_cuda()) sinks = sinks.to(dev);
   a.q = qc.raw();
   a.k = kv.k.raw();
-  a.v = kv.v.raw();
+  // v_from_k: V is K itself, read with K's row stride, head g's values at K's head offset.
+  a.v = spec.v_from_k ? kv.k.raw() : kv.v.raw();
+  a.v_from_k = spec.v_from_k;
   a.step = step.device.data<int32_t>();
   a.sinks = sinks.defined() ? sinks.raw() : nullptr;
   a.sinks_code = sinks.defined() ? code_of(sinks.dtype(), "sinks") : kAttnF32;

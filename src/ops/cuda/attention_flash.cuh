@@ -44,7 +44,8 @@ struct FlashParams {
   void* out;
   const int32_t* step;
   int tokens, heads, group, dk, dv;
-  int64_t capacity, q_dim, k_dim, v_dim, out_dim;
+  int64_t capacity, q_dim, k_dim, v_dim, out_dim;  // v_dim: V's row stride
+  int v_head;  // offset of kv head g's values in a V row: g * v_head (dv, or dk when V is K)
   float scale;
   int window;
   const void* sinks;  // [heads] per-head sink logits (joins the denominator), or null
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(kFlashThreads) attention_flash_mma_kernel(Flas
 
   const T* qg = static_cast<const T*>(p.q);
   const T* kg = static_cast<const T*>(p.k) + int64_t(b) * p.capacity * p.k_dim + int64_t(g) * p.dk;
-  const T* vg = static_cast<const T*>(p.v) + int64_t(b) * p.capacity * p.v_dim + int64_t(g) * p.dv;
+  const T* vg = static_cast<const T*>(p.v) + int64_t(b) * p.capacity * p.v_dim + int64_t(g) * p.v_head;
 
   auto load_kv = [&](int stage, int j0) {
     const uint32_t kst = ks + stage * BN * kDk * sizeof(T), vst = vs + stage * BN * kDv * sizeof(T);

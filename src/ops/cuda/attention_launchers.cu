@@ -65,7 +65,7 @@ void launch_flash_typed(const FlashParams& fp, int batch, cudaStream_t stream) {
 template <class T, int kMode>
 void launch_split_pass(const SplitParams& sp, int batch, int kv_heads, int qblocks, cudaStream_t stream) {
   auto kernel = attention_split_kernel<T, kMode>;
-  const int64_t smem = split_smem_bytes(sp.dk, sp.dv);
+  const int64_t smem = split_smem_bytes(sp.dk, sp.dv, sp.v_in_k);
   static std::atomic<uint64_t> opted{0};
   opt_in_smem(kernel, smem, opted);
   const dim3 grid(unsigned(qblocks * sp.splits), unsigned(kv_heads), unsigned(batch));
@@ -105,7 +105,8 @@ void launch_attention_flash_mma(const AttentionArgs& a, void* out, cudaStream_t 
   fp.capacity = a.capacity;
   fp.q_dim = int64_t(a.heads) * a.dk;
   fp.k_dim = int64_t(a.kv_heads) * a.dk;
-  fp.v_dim = int64_t(a.kv_heads) * a.dv;
+  fp.v_dim = a.v_from_k ? fp.k_dim : int64_t(a.kv_heads) * a.dv;
+  fp.v_head = a.v_from_k ? a.dk : a.dv;
   fp.out_dim = int64_t(a.heads) * a.dv;
   fp.scale = a.scale;
   fp.window = a.window;
@@ -133,7 +134,9 @@ void launch_attention_split(const AttentionArgs& a, const SplitWorkspace& ws, vo
   sp.capacity = a.capacity;
   sp.q_dim = int64_t(a.heads) * a.dk;
   sp.k_dim = int64_t(a.kv_heads) * a.dk;
-  sp.v_dim = int64_t(a.kv_heads) * a.dv;
+  sp.v_dim = a.v_from_k ? sp.k_dim : int64_t(a.kv_heads) * a.dv;
+  sp.v_head = a.v_from_k ? a.dk : a.dv;
+  sp.v_in_k = a.v_from_k;
   sp.rows_heads = int64_t(a.batch) * a.tokens * a.heads;
   sp.splits = ws.splits;
   sp.chunk = int((int64_t(a.capacity) + ws.splits - 1) / ws.splits);

@@ -13,8 +13,9 @@ namespace moex::ops::cuda {
 inline constexpr int kAttnF32 = 0, kAttnF16 = 1, kAttnBF16 = 2;
 
 // One attention call. q [batch * tokens, heads * dk], k [batch, capacity, kv_heads * dk],
-// v [batch, capacity, kv_heads * dv], all of dtype `elem`, contiguous. step: the device step
-// (int32 {past, pad[batch], ...}).
+// v [batch, capacity, kv_heads * dv], all of dtype `elem`, contiguous; with v_from_k, v == k and
+// kv head g's values are the first dv columns of its key (row stride kv_heads * dk, head stride
+// dk). step: the device step (int32 {past, pad[batch], ...}).
 struct AttentionArgs {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -29,6 +30,7 @@ struct AttentionArgs {
   float scale = 1.f;
   int window = 0;  // 0: none
   bool eager = false;
+  bool v_from_k = false;
 };
 
 // Tensor-core prefill: writes out [rows, heads * dv] of dtype elem (== act) directly.

@@ -50,7 +50,9 @@ struct SplitParams {
   int sinks_code;
   int act;
   int tokens, heads, group, dk, dv;
-  int64_t capacity, q_dim, k_dim, v_dim;
+  int64_t capacity, q_dim, k_dim, v_dim;  // v_dim: V's row stride
+  int v_head;          // offset of kv head g's values in a V row: g * v_head
+  bool v_in_k;         // V is K (AttentionSpec::v_from_k): p.v reads the staged K tile
   int64_t rows_heads;  // rows * heads: queries of the call
   int chunk;           // columns per split
   int splits;
@@ -110,12 +112,14 @@ __device__ __forceinline__ void stage_rows_f32(float* dst, int dst_ld, const T* 
   }
 }
 
-// Dynamic shared memory of the split kernel, in bytes (the launcher sizes it; layout below).
-inline int64_t split_smem_bytes(int dk, int dv) {
+// Dynamic shared memory of the split kernel, in bytes (the launcher sizes it and opts in beyond
+// 48 KiB; layout below). No V tile when V is K. DeepSeek MLA absorbed (dk 576, dv 512, V in K):
+// 146 KB; separate 576 / 512 tiles would take 212 KB, still under the H200's 227 KB.
+inline int64_t split_smem_bytes(int dk, int dv, bool v_in_k) {
   const int64_t doubles = 2 * kSplitQueries;
   const int64_t floats = 2 * kSplitQueries + int64_t(kSplitQueries) * dk + kSplitQueries * kSplitColumns +
                          int64_t(kSplitQueries) * dv + int64_t(kSplitColumns) * (dk + 1) +
-                         int64_t(kSplitColumns) * (dv + 1);
+                         (v_in_k ? 0 : int64_t(kSplitColumns) * (dv + 1));
   return doubles * 8 + floats * 4;
 }
 
@@ -133,7 +137,7 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(SplitPar
   float* ps = qs + kQ * p.dk;                           // [kQ][kC] scores, then p
   float* acc = ps + kQ * kC;                            // [kQ][dv]
   float* ks = acc + kQ * p.dv;                          // [kC][dk + 1]
-  float* vs = ks + kC * (p.dk + 1);                     // [kC][dv + 1]
+  float* vs = ks + kC * (p.dk + 1);                     // [kC][dv + 1] (absent when V is K)
 
   const int split = blockIdx.x % p.splits, qb = blockIdx.x / p.splits;
   const int g = blockIdx.y, b = blockIdx.z;
@@ -141,7 +145,10 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(SplitPar
   const int past = p.step[0], pad = p.step[1 + b];
   const int i0 = qb * kQ;  // first query of the block within the group: i = t * group + hh
   const int nq = min(kQ, p.tokens * p.group - i0);
-  const int kdk = p.dk + 1, kdv = p.dv + 1;
+  const int kdk = p.dk + 1;
+  // The staged V rows: their own tile, or the leading dv floats of each staged K row.
+  const float* vt = p.v_in_k ? ks : vs;
+  const int kdv = p.v_in_k ? kdk : p.dv + 1;
 
   const int c_first = past + i0 / p.group, c_last = past + (i0 + nq - 1) / p.group;
   int lo = max(pad, p.window > 0 ? c_first - p.window + 1 : 0);
@@ -189,11 +196,11 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(SplitPar
   __syncthreads();
 
   const T* kg = static_cast<const T*>(p.k) + int64_t(b) * p.capacity * p.k_dim + int64_t(g) * p.dk;
-  const T* vg = static_cast<const T*>(p.v) + int64_t(b) * p.capacity * p.v_dim + int64_t(g) * p.dv;
+  const T* vg = static_cast<const T*>(p.v) + int64_t(b) * p.capacity * p.v_dim + int64_t(g) * p.v_head;
   for (int j0 = lo; j0 < hi; j0 += kC) {
     const int n = min(kC, hi - j0);
     stage_rows_f32<T>(ks, kdk, kg + int64_t(j0) * p.k_dim, p.k_dim, n, p.dk, p.vec_k);
-    if (kUsesV) stage_rows_f32<T>(vs, kdv, vg + int64_t(j0) * p.v_dim, p.v_dim, n, p.dv, p.vec_v);
+    if (kUsesV && !p.v_in_k) stage_rows_f32<T>(vs, kdv, vg + int64_t(j0) * p.v_dim, p.v_dim, n, p.dv, p.vec_v);
     __syncthreads();
 
     // Scores of the tile, -inf where masked (causal, window, columns past this split's end).
@@ -254,7 +261,7 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(SplitPar
         float a = acc[idx];
         if (kMode == 0) a *= a_s[qi];
         const float* pr = ps + qi * kC;
-        for (int jj = 0; jj < n; ++jj) a = fmaf(pr[jj], vs[jj * kdv + d], a);
+        for (int jj = 0; jj < n; ++jj) a = fmaf(pr[jj], vt[jj * kdv + d], a);
         acc[idx] = a;
       }
     }

@@ -31,6 +31,7 @@ void make_device_step(Step& step, Device device);
 Tensor convert(const Tensor& x, DType dtype);
 
 void kv_append(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step);
+Tensor kv_columns(const Tensor& cache, int64_t n);
 
 void round_(Tensor& x, DType act);
 void add_(Tensor& a, const Tensor& b, DType act);
@@ -54,6 +55,9 @@ void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const 
 // cuBLASLt (fp32 without TF32; bf16 / f16 with float32 accumulation), bias and rounding in the
 // epilogue.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act);
+// cuBLASLt strided batched (one call, one batch per group, blocks read in place), float32
+// accumulation, rounded once to act in the epilogue.
+Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_weight, DType act);
 
 Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const AttentionSpec& spec, DType act);
 

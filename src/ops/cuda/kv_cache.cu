@@ -1,5 +1,5 @@
 // The device KV cache (ops.hpp): k [batch, capacity, k_dim] and v [batch, capacity, v_dim] in k's
-// dtype on k's device.
+// dtype on k's device (v undefined for layers whose values are part of the keys).
 //
 // The append kernel reads `past` from the device step instead of taking it as an argument, so a
 // decode step's launch is the same at every length (a captured graph replays it). Growing past the
@@ -94,14 +94,28 @@ void kv_append(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step) 
     const int64_t cap = kv.k.defined() ? std::max(need, 2 * kv.capacity()) : std::max(need, kv.capacity_hint);
     const DType dtype = kv.k.defined() ? kv.k.dtype() : k.dtype();
     kv.k = regrow(kv.k, dtype, dev, step.batch, cap, k.size(1), kv.filled, stream);
-    kv.v = regrow(kv.v, dtype, dev, step.batch, cap, v.size(1), kv.filled, stream);
+    if (v.defined()) kv.v = regrow(kv.v, dtype, dev, step.batch, cap, v.size(1), kv.filled, stream);
   }
   if (step.rows() > 0) {
     if (!step.device.defined()) throw InvalidInput("kv_append on CUDA: the step has no device mirror (make_device_step)");
     copy_rows(kv.k, k, step, stream);
-    copy_rows(kv.v, v, step, stream);
+    if (v.defined()) copy_rows(kv.v, v, step, stream);
   }
   kv.filled = need;
+}
+
+Tensor kv_columns(const Tensor& cache, int64_t n) {
+  const Device dev = cache.device();
+  moex::cuda::DeviceGuard guard(dev.index);
+  const int64_t batch = cache.size(0), cap = cache.size(1), dim = cache.size(2);
+  Tensor out = Tensor::empty({batch * n, dim}, cache.dtype(), dev);
+  if (batch > 0 && n > 0 && dim > 0) {
+    const size_t es = dtype_size(cache.dtype());
+    MOEX_CUDA_CHECK(cudaMemcpy2DAsync(out.raw(), size_t(n * dim) * es, cache.raw(), size_t(cap * dim) * es,
+                                      size_t(n * dim) * es, size_t(batch), cudaMemcpyDeviceToDevice,
+                                      moex::cuda::current_stream()));
+  }
+  return out;
 }
 
 }  // namespace moex::ops::cuda

@@ -13,7 +13,8 @@
 //
 // Plans (matmul descriptors, layouts and the heuristic's algorithm) are cached per shape and
 // dtype, so a warm step makes no heuristic query and no allocation but its output tensor: the
-// same launches at every decode step, as graph capture needs. One 32 MiB workspace per device.
+// same launches at every decode step, as graph capture needs. One 32 MiB workspace per device
+// (cublaslt.hpp, shared with linear_per_group.cu).
 #include <cublasLt.h>
 
 #include <map>
@@ -22,41 +23,43 @@
 
 #include "cuda/common.cuh"
 #include "cuda/runtime.hpp"
+#include "ops/cuda/cublaslt.hpp"
 #include "ops/cuda/cuda_ops.hpp"
 
 namespace moex::ops::cuda {
 
 using moex::cuda::current_stream;
 
-namespace {
+CublasLt& cublaslt(int device) {
+  static std::mutex m;
+  static std::map<int, CublasLt> handles;  // kept for the process's lifetime
+  std::lock_guard<std::mutex> lock(m);
+  CublasLt& h = handles[device];
+  if (!h.lt) {
+    MOEX_CUBLAS_CHECK(cublasLtCreate(&h.lt));
+    h.workspace = moex::cuda::cache_alloc(kCublasLtWorkspaceBytes, device);
+  }
+  return h;
+}
 
-constexpr size_t kWorkspaceBytes = size_t(32) << 20;
-
-cudaDataType_t cuda_type(DType t) {
+cudaDataType_t cublas_dtype(DType t, const char* op) {
   switch (t) {
     case DType::kF32: return CUDA_R_32F;
     case DType::kBF16: return CUDA_R_16BF;
     case DType::kF16: return CUDA_R_16F;
-    default: throw Unsupported("linear on CUDA: dtype " + std::string(dtype_name(t)) + " is not a float dtype");
+    default: throw Unsupported(std::string(op) + " on CUDA: dtype " + std::string(dtype_name(t)) + " is not a float dtype");
   }
 }
 
-struct Handle {
-  cublasLtHandle_t lt = nullptr;
-  void* workspace = nullptr;
-};
+namespace {
 
-Handle& handle(int device) {
-  static std::mutex m;
-  static std::map<int, Handle> handles;  // kept for the process's lifetime
-  std::lock_guard<std::mutex> lock(m);
-  Handle& h = handles[device];
-  if (!h.lt) {
-    MOEX_CUBLAS_CHECK(cublasLtCreate(&h.lt));
-    h.workspace = moex::cuda::cache_alloc(kWorkspaceBytes, device);
-  }
-  return h;
-}
+constexpr size_t kWorkspaceBytes = kCublasLtWorkspaceBytes;
+
+cudaDataType_t cuda_type(DType t) { return cublas_dtype(t, "linear"); }
+
+using Handle = CublasLt;
+
+Handle& handle(int device) { return cublaslt(device); }
 
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int, int, int, bool>;
 
