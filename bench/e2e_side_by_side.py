@@ -204,7 +204,7 @@ def main():
     ap.add_argument("--cases", default="1x128,32x128,1x4096", help="BATCHxPROMPT,...")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--hf-impls", default="batched_mm,grouped_mm", help="'' skips transformers")
+    ap.add_argument("--hf-impls", default="batched_mm,grouped_mm", help="'none' skips transformers")
     ap.add_argument("--moex-impls", default="grouped_mm")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--work", default="/tmp/moex_e2e")
@@ -221,7 +221,7 @@ def main():
         rows = []
         for impl in [x for x in a.moex_impls.split(",") if x]:
             rows += time_moex(a.moex, path, impl, cases, a.new_tokens, a.repeats, a.device)
-        for impl in [x for x in a.hf_impls.split(",") if x]:
+        for impl in [x for x in a.hf_impls.split(",") if x and x != "none"]:
             rows += time_transformers(path, impl, cases, a.new_tokens, a.repeats, torch, transformers)
         all_rows[model] = rows
         print(table(model, rows), flush=True)
