@@ -1,0 +1,72 @@
+// moex's CUDA attention op (ops::attention through the dispatch) timed on model shapes, to weigh
+// it against torch's sdpa backends (flash, cuDNN) timed by attention_torch.py on the same shapes
+// in the same run (lab/cuda/attention_compare.sh). Prints one JSON line per case.
+//
+// Build (from the repository root, after a CUDA build in build/):
+//   g++ -std=c++20 -O2 -Iinclude -Isrc lab/cuda/attention_lab.cpp -Lbuild -lmoex -Wl,-rpath,$PWD/build -o build/attention_lab
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "moex/bench.hpp"
+#include "ops/ops.hpp"
+
+using namespace moex;
+
+namespace {
+
+Tensor random_device(int64_t rows, int64_t width, std::mt19937& rng) {
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(size_t(rows * width));
+  for (auto& x : v) x = d(rng);
+  return Tensor::from_floats(v, {rows, width}, DType::kBF16).to(Device::cuda(0));
+}
+
+// One case: B sequences whose cache holds `past` columns, then a step of T tokens (prefill when
+// past = 0), heads / kv_heads of width d; median ms of the attention call alone.
+void run_case(const char* name, int64_t B, int64_t past, int64_t T, int64_t heads, int64_t kv_heads, int64_t d) {
+  std::mt19937 rng(1);
+  const Device dev = Device::cuda(0);
+  ops::KVCache cache(B, 1, past + T);
+  ops::LayerKV& kv = cache.layers[0];
+  if (past > 0) {
+    ops::Step s(B, past, 0);
+    ops::make_device_step(s, dev);
+    ops::kv_append(kv, random_device(B * past, kv_heads * d, rng), random_device(B * past, kv_heads * d, rng), s);
+  }
+  ops::Step step(B, T, past);
+  ops::make_device_step(step, dev);
+  ops::kv_append(kv, random_device(B * T, kv_heads * d, rng), random_device(B * T, kv_heads * d, rng), step);
+  const Tensor q = random_device(B * T, heads * d, rng);
+  ops::AttentionSpec spec;
+  spec.heads = heads;
+  spec.kv_heads = kv_heads;
+  spec.head_dim_k = spec.head_dim_v = d;
+  spec.scale = 1.0f / std::sqrt(float(d));
+  const double ms = time_cuda_ms(dev, [&] { (void)ops::attention(q, kv, step, spec, DType::kBF16); }, false, 3, 20);
+  // Causal pairs (query, key) and the flops of q.k and p.v over them.
+  double pairs = 0;
+  for (int64_t t = 0; t < T; ++t) pairs += double(past + t + 1);
+  const double flops = 4.0 * double(B) * double(heads) * double(d) * pairs;
+  const double bytes = 2.0 * double(B) * double(past + T) * double(kv_heads) * d * 2;  // k and v, bf16
+  std::printf("{\"case\": \"%s\", \"engine\": \"moex\", \"batch\": %lld, \"past\": %lld, \"tokens\": %lld, "
+              "\"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, \"ms\": %.4f, \"tflops\": %.1f, "
+              "\"kv_gbps\": %.0f}\n",
+              name, (long long)B, (long long)past, (long long)T, (long long)heads, (long long)kv_heads,
+              (long long)d, ms, flops / ms / 1e9, bytes / ms / 1e6);
+}
+
+}  // namespace
+
+int main() {
+  // Qwen1.5-MoE-A2.7B (16 heads of 128, no GQA), Mixtral (32 / 8 of 128), gpt-oss (64 / 8 of 64).
+  run_case("qwen prefill 4096", 1, 0, 4096, 16, 16, 128);
+  run_case("qwen decode b1 4096", 1, 4096, 1, 16, 16, 128);
+  run_case("qwen decode b32 256", 32, 256, 1, 16, 16, 128);
+  run_case("qwen decode b32 4096", 32, 4096, 1, 16, 16, 128);
+  run_case("mixtral prefill 4096", 1, 0, 4096, 32, 8, 128);
+  run_case("mixtral decode b32 4096", 32, 4096, 1, 32, 8, 128);
+  run_case("gpt-oss prefill 4096", 1, 0, 4096, 64, 8, 64);
+  return 0;
+}
