@@ -150,7 +150,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType a
   const int device = x.device().index;
   moex::cuda::DeviceGuard guard(device);
   const int64_t rows = x.size(0), in = x.size(1), out = weight.size(0);
-  const DType wt = weight.dtype();
+  // The product runs in the wider of the two dtypes: float32 activations meet 16-bit weights only
+  // outside models (tests of the op; a model stores its activations in the weights' dtype), and
+  // narrowing them would round x, so the weights are widened for that call instead.
+  const bool widen = x.dtype() == DType::kF32 && weight.dtype() != DType::kF32;
+  const Tensor w = widen ? convert(weight, DType::kF32) : weight;
+  const DType wt = w.dtype();
   // The output dtype: act, except that narrower weights than act are not a cuBLASLt combination
   // (float32 weights always give float32 results: DeepSeek's router).
   const DType dt = wt == DType::kF32 ? DType::kF32 : act;
@@ -167,7 +172,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType a
   }
   const float alpha = 1.0f, beta = 0.0f;
   Handle& h = handle(device);
-  MOEX_CUBLAS_CHECK(cublasLtMatmul(h.lt, p.desc, &alpha, weight.raw(), p.a, xa.raw(), p.b, &beta, y.raw(), p.d,
+  MOEX_CUBLAS_CHECK(cublasLtMatmul(h.lt, p.desc, &alpha, w.raw(), p.a, xa.raw(), p.b, &beta, y.raw(), p.d,
                                    y.raw(), p.d, &p.algo, h.workspace, kWorkspaceBytes, current_stream()));
   if (dt != act) return convert(y, act);
   return y;

@@ -115,15 +115,18 @@ Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_
   moex::cuda::DeviceGuard guard(device);
   const int64_t rows = x.size(0), G = w.groups, in = w.in(), br = w.rows;
   const int64_t b = transpose_weight ? in : br;
-  const DType wt = w.weight.dtype();
-  // As linear(): float32 weights give float32 results, converted to act afterwards.
+  // As linear(): float32 activations with 16-bit weights widen the weights for the call (only
+  // tests of the op do that), float32 weights give float32 results, converted to act afterwards.
+  const Tensor weight = x.dtype() == DType::kF32 && w.weight.dtype() != DType::kF32 ? convert(w.weight, DType::kF32)
+                                                                                   : w.weight;
+  const DType wt = weight.dtype();
   const DType dt = wt == DType::kF32 ? DType::kF32 : act;
   Tensor y = Tensor::empty({rows, G * b}, dt, x.device());
   if (rows == 0 || G == 0 || b == 0) return y;
   if (G > INT32_MAX) throw Unsupported("linear_per_group on CUDA: too many groups");
   Tensor xa = convert(x.contiguous(), wt);
   const size_t ws = dtype_size(wt), ds = dtype_size(dt);
-  const char* wp = static_cast<const char*>(w.weight.raw()) + size_t(w.offset * in) * ws;
+  const char* wp = static_cast<const char*>(weight.raw()) + size_t(w.offset * in) * ws;
   const int64_t a = transpose_weight ? br : in;
   GroupPlanKey key{device, rows, G, in, br, w.group_rows, transpose_weight, wt, dt, 0, 0, 0};
   key.align_a = alignment_of({uint64_t(reinterpret_cast<uintptr_t>(wp)), uint64_t(in) * ws, uint64_t(w.group_rows * in) * ws});
