@@ -34,6 +34,10 @@ class Storage {
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
+  // A read-only mapping of a file (checkpoint weights): its resident pages may be dropped and are
+  // read back from the file when touched again.
+  bool file_mapped() const { return file_mapped_; }
+  void mark_file_mapped() { file_mapped_ = true; }
 
   // 64-byte aligned host memory (zero-filled only when asked: callers overwrite it anyway).
   static std::shared_ptr<Storage> host(size_t bytes, bool zero = false, Device dev = Device::cpu());
@@ -42,6 +46,7 @@ class Storage {
   void* data_;
   size_t bytes_;
   Device device_;
+  bool file_mapped_ = false;
   std::function<void(void*)> release_;
 };
 
@@ -88,7 +93,13 @@ class Tensor {
   Tensor contiguous() const;
   Tensor clone() const;
   Tensor to(DType dtype) const;      // host-accessible tensors; float <-> float conversions
-  Tensor to(Device device) const;    // host <-> CUDA (CUDA builds)
+  // host <-> CUDA (CUDA builds). A file-mapped host tensor copied to a device releases its pages
+  // (release_file_pages), so that loading a checkpoint onto a GPU does not leave it resident.
+  Tensor to(Device device) const;
+  // For a view of a file mapping: lets the OS drop the resident pages wholly inside it (they are
+  // read back from the file if touched again), so a loaded model's host memory does not grow
+  // with the checkpoint. No-op for other tensors.
+  void release_file_pages() const;
 
   // Host-side element access for tests, references and small ops (any float dtype -> double).
   double item_double(std::initializer_list<int64_t> idx) const;

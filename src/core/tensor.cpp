@@ -1,5 +1,8 @@
 #include "moex/tensor.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -209,7 +212,18 @@ Tensor Tensor::to(Device device) const {
   }
   Tensor t = empty(shape_, dtype_, device);
   if (nbytes()) detail::device_copy(t.raw(), device, c.raw(), c.device(), nbytes());
+  if (device.is_cuda()) c.release_file_pages();
   return t;
+}
+
+void Tensor::release_file_pages() const {
+  if (!storage_ || !storage_->file_mapped() || nbytes() == 0) return;
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(raw()) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(raw()) + nbytes()) / page * page;
+  // MADV_DONTNEED on an unmodified private file mapping only drops the process's pages; the
+  // mapping stays valid and refaults from the page cache or the file.
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 static double load_as_double(const void* p, DType t) {

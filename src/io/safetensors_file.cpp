@@ -95,6 +95,7 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   if (p == MAP_FAILED) throw Error(path + ": cannot mmap " + std::to_string(size) + " bytes: " + errno_text());
   auto storage =
       std::make_shared<Storage>(p, size, Device::cpu(), [size](void* q) { ::munmap(q, size); });
+  storage->mark_file_mapped();
   return SafetensorsParser::build(std::move(storage), path);
 }
 

@@ -174,8 +174,12 @@ Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const Ex
   char* dn = static_cast<char*>(w.down.raw());
   auto put = [&](char* dst, const Tensor& t) {
     const Tensor c = t.contiguous();
-    if (where.is_cuda()) detail::device_copy(dst, where, c.raw(), c.device(), c.nbytes());
-    else std::memcpy(dst, c.raw(), c.nbytes());
+    if (where.is_cuda()) {
+      detail::device_copy(dst, where, c.raw(), c.device(), c.nbytes());
+      c.release_file_pages();
+    } else {
+      std::memcpy(dst, c.raw(), c.nbytes());
+    }
   };
   for (int64_t e = 0; e < E; ++e) {
     const std::string p = prefix + "." + std::to_string(e) + ".";
