@@ -44,7 +44,8 @@ std::string make_oversized_checkpoint() {
   }
   fs::resize_file(dir / "huge.safetensors", 8 + h.size() + bytes);
   nlohmann::json index = {{"weight_map", nlohmann::json::object()}};
-  for (const auto& [name, e] : SafetensorsFile::open((src / "model.safetensors").string())->entries())
+  const auto fixture = SafetensorsFile::open((src / "model.safetensors").string());  // outlives the loop
+  for (const auto& [name, e] : fixture->entries())
     index["weight_map"][name] = "model-00001.safetensors";
   index["weight_map"]["model.layers.0.mlp.experts.unused_but_counted"] = "huge.safetensors";
   std::ofstream(dir / "model.safetensors.index.json") << index.dump();
