@@ -107,4 +107,16 @@ std::vector<int64_t> Args::get_int_list(const std::string& name,
   return out;
 }
 
+void apply_decode_flags(const Args& a, moex::GenerationOptions& g) {
+  const std::string graph = a.get_or("graph", "on");
+  if (graph != "on" && graph != "off") throw InvalidInput("--graph must be on or off, got '" + graph + "'");
+  g.cuda_graph = graph == "on";
+  // The decode-stage switch (grouped_mm -> batched_mm for the decode steps): auto = on GPUs only.
+  const std::string sw = a.get_or("decode-switch", "auto");
+  if (sw == "auto") g.decode_switch = DecodeSwitch::kAuto;
+  else if (sw == "on") g.decode_switch = DecodeSwitch::kOn;
+  else if (sw == "off") g.decode_switch = DecodeSwitch::kOff;
+  else throw InvalidInput("--decode-switch must be auto, on or off, got '" + sw + "'");
+}
+
 }  // namespace moex::cli

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "moex/model.hpp"
+
 namespace moex::cli {
 
 class Args {
@@ -34,6 +36,9 @@ class Args {
   std::set<std::string> flags_;
   std::vector<std::string> positional_;
 };
+
+// --graph on|off and --decode-switch auto|on|off (moex generate, moex bench generate) into g.
+void apply_decode_flags(const Args& a, moex::GenerationOptions& g);
 
 int64_t parse_int(const std::string& s, const std::string& what);
 double parse_double(const std::string& s, const std::string& what);

@@ -65,13 +65,7 @@ int run_bench_generate(const std::vector<std::string>& argv) {
   GenerationOptions g;
   g.max_new_tokens = new_tokens;
   g.eos_token_ids = std::vector<int64_t>{};
-  const std::string graph = a.get_or("graph", "on");
-  if (graph != "on" && graph != "off") throw InvalidInput("--graph must be on or off, got '" + graph + "'");
-  g.cuda_graph = graph == "on";
-  const std::string sw = a.get_or("decode-switch", "auto");
-  if (sw == "on") g.decode_switch = DecodeSwitch::kOn;
-  else if (sw == "off") g.decode_switch = DecodeSwitch::kOff;
-  else if (sw != "auto") throw InvalidInput("--decode-switch must be auto, on or off, got '" + sw + "'");
+  apply_decode_flags(a, g);
 
   std::fprintf(stderr, "moex bench generate: loading %s\n", dir.c_str());
   auto lm = from_pretrained(dir, o);

@@ -91,15 +91,7 @@ int run_generate(const std::vector<std::string>& argv) {
   g.top_k = a.get_int("top-k", 0);
   g.top_p = float(a.get_double("top-p", 1.0));
   g.seed = uint64_t(a.get_int("seed", 0));
-  // The decode-stage switch (grouped_mm -> batched_mm for the decode steps): auto = on GPUs only.
-  const std::string graph = a.get_or("graph", "on");
-  if (graph != "on" && graph != "off") throw InvalidInput("--graph must be on or off, got '" + graph + "'");
-  g.cuda_graph = graph == "on";
-  const std::string sw = a.get_or("decode-switch", "auto");
-  if (sw == "auto") g.decode_switch = DecodeSwitch::kAuto;
-  else if (sw == "on") g.decode_switch = DecodeSwitch::kOn;
-  else if (sw == "off") g.decode_switch = DecodeSwitch::kOff;
-  else throw InvalidInput("--decode-switch must be auto, on or off, got '" + sw + "'");
+  apply_decode_flags(a, g);
 
   LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
                                     a.get_or("experts-implementation", ""));

@@ -53,13 +53,7 @@ cudaDataType_t cublas_dtype(DType t, const char* op) {
 
 namespace {
 
-constexpr size_t kWorkspaceBytes = kCublasLtWorkspaceBytes;
-
 cudaDataType_t cuda_type(DType t) { return cublas_dtype(t, "linear"); }
-
-using Handle = CublasLt;
-
-Handle& handle(int device) { return cublaslt(device); }
 
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int, int, int, bool>;
 
@@ -94,11 +88,11 @@ const Plan& plan_for(int device, int64_t rows, int64_t in, int64_t out, DType wt
 
   cublasLtMatmulPreference_t pref = nullptr;
   MOEX_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t ws = kWorkspaceBytes;
+  const uint64_t ws = kCublasLtWorkspaceBytes;
   MOEX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle(device).lt, p.desc, p.a, p.b, p.d, p.d,
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cublaslt(device).lt, p.desc, p.a, p.b, p.d, p.d,
                                                            pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0)
@@ -171,9 +165,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType a
     MOEX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
   }
   const float alpha = 1.0f, beta = 0.0f;
-  Handle& h = handle(device);
+  CublasLt& h = cublaslt(device);
   MOEX_CUBLAS_CHECK(cublasLtMatmul(h.lt, p.desc, &alpha, w.raw(), p.a, xa.raw(), p.b, &beta, y.raw(), p.d,
-                                   y.raw(), p.d, &p.algo, h.workspace, kWorkspaceBytes, current_stream()));
+                                   y.raw(), p.d, &p.algo, h.workspace, kCublasLtWorkspaceBytes, current_stream()));
   if (dt != act) return convert(y, act);
   return y;
 }
