@@ -55,6 +55,15 @@ void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const 
 // cuBLASLt (fp32 without TF32; bf16 / f16 with float32 accumulation), bias and rounding in the
 // epilogue.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act);
+// Decode-sized linears (linear_gemv.cu): a bandwidth-bound GEMV for 1..kGemvMaxRows rows with
+// 16-bit weights, x, bias and act all of the weights' dtype, in % 8 == 0 and 16-byte aligned
+// operands; gemv_serves says whether a call qualifies. linear() routes such calls there.
+inline constexpr int64_t kGemvMaxRows = 8;
+// Above this weight size cuBLASLt's decode kernel streams at least as fast (the 622 MB lm_head
+// of Qwen1.5-MoE: 143 us against the GEMV's 159 us on the H200), so it keeps those.
+inline constexpr size_t kGemvMaxWeightBytes = size_t(256) << 20;
+bool gemv_serves(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act);
+Tensor linear_gemv(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // cuBLASLt strided batched (one call, one batch per group, blocks read in place), float32
 // accumulation, rounded once to act in the epilogue.
 Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_weight, DType act);

@@ -3,8 +3,8 @@
 //
 // Why cuBLASLt and not an own kernel: the dense projections of a decoder are plain GEMMs (one
 // weight, no grouping), where cuBLASLt's Hopper kernels are at the hardware floor for prefill
-// sizes and its GEMV-like kernels are bandwidth-bound for decode; an own kernel would only
-// repeat them. float32 models run with CUBLAS_COMPUTE_32F (no TF32), so float32 logits keep
+// sizes; an own kernel would only repeat them. Decode-sized calls (a few rows, 16-bit weights)
+// go to linear_gemv.cu instead, where cuBLASLt's kernels were measured far from the bandwidth. float32 models run with CUBLAS_COMPUTE_32F (no TF32), so float32 logits keep
 // matching transformers to 1e-4.
 //
 // Row-major mapping: cuBLASLt is column-major, so the product is computed as
@@ -144,6 +144,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType a
   const int device = x.device().index;
   moex::cuda::DeviceGuard guard(device);
   const int64_t rows = x.size(0), in = x.size(1), out = weight.size(0);
+  if (gemv_serves(x, weight, bias, act)) return linear_gemv(x, weight, bias);
   // The product runs in the wider of the two dtypes: float32 activations meet 16-bit weights only
   // outside models (tests of the op; a model stores its activations in the weights' dtype), and
   // narrowing them would round x, so the weights are widened for that call instead.
