@@ -20,18 +20,28 @@ namespace moex::ops::cuda {
 namespace {
 
 // cache[b, past + t, :] = x[b * T + t, :], 16 bytes per thread and step when both sides allow it
-// (same dtype, dim * size a multiple of 16), else element by element with conversion.
-__global__ void kv_copy_rows_kernel(const void* src, int src_code, void* dst, int dst_code, const int32_t* step,
-                                    int64_t rows, int tokens, int64_t capacity, int64_t dim, int elem_bytes,
-                                    bool vec) {
-  const int64_t past = step[0];
+// (same dtype, dim * size a multiple of 16), else element by element with conversion. One launch
+// appends keys and values (blockIdx.y picks the job): a decode step appends per layer, and the
+// second launch cost as much as the copy itself.
+struct CopyJob {
+  const void* src;
+  void* dst;
+  int src_code, dst_code;
+  int64_t dim;
+  bool vec;
+};
+
+__global__ void kv_copy_rows_kernel(const CopyJob j0, const CopyJob j1, const int32_t* step, int64_t rows,
+                                    int tokens, int64_t capacity, int elem_bytes) {
+  const CopyJob& j = blockIdx.y == 0 ? j0 : j1;
+  const int64_t past = step[0], dim = j.dim;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  if (vec) {
+  if (j.vec) {
     const int64_t per = 16 / elem_bytes, chunks = dim / per;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * chunks; i += stride) {
       const int64_t r = i / chunks, c = i % chunks, b = r / tokens, t = r % tokens;
-      const uint4* s = reinterpret_cast<const uint4*>(static_cast<const char*>(src) + (r * dim + c * per) * elem_bytes);
-      uint4* d = reinterpret_cast<uint4*>(static_cast<char*>(dst) +
+      const uint4* s = reinterpret_cast<const uint4*>(static_cast<const char*>(j.src) + (r * dim + c * per) * elem_bytes);
+      uint4* d = reinterpret_cast<uint4*>(static_cast<char*>(j.dst) +
                                           ((b * capacity + past + t) * dim + c * per) * elem_bytes);
       *d = *s;
     }
@@ -39,11 +49,11 @@ __global__ void kv_copy_rows_kernel(const void* src, int src_code, void* dst, in
   }
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * dim; i += stride) {
     const int64_t r = i / dim, e = i % dim, b = r / tokens, t = r % tokens;
-    const float x = moex::cuda::load_float(src, src_code, i);
+    const float x = moex::cuda::load_float(j.src, j.src_code, i);
     const int64_t o = (b * capacity + past + t) * dim + e;
-    if (dst_code == moex::cuda::kCodeF16) static_cast<__half*>(dst)[o] = __float2half_rn(x);
-    else if (dst_code == moex::cuda::kCodeBF16) static_cast<__nv_bfloat16*>(dst)[o] = __float2bfloat16_rn(x);
-    else static_cast<float*>(dst)[o] = x;
+    if (j.dst_code == moex::cuda::kCodeF16) static_cast<__half*>(j.dst)[o] = __float2half_rn(x);
+    else if (j.dst_code == moex::cuda::kCodeBF16) static_cast<__nv_bfloat16*>(j.dst)[o] = __float2bfloat16_rn(x);
+    else static_cast<float*>(j.dst)[o] = x;
   }
 }
 
@@ -68,17 +78,28 @@ Tensor regrow(const Tensor& old, DType dtype, Device dev, int64_t batch, int64_t
   return t;
 }
 
-void copy_rows(Tensor& cache, const Tensor& x, const Step& step, cudaStream_t stream) {
-  const int64_t rows = step.rows(), dim = cache.size(2);
-  if (rows == 0 || dim == 0) return;
+CopyJob job_of(Tensor& cache, const Tensor& x) {
   const int elem_bytes = int(dtype_size(cache.dtype()));
+  const int64_t dim = cache.size(2);
   const bool vec = x.dtype() == cache.dtype() && (dim * elem_bytes) % 16 == 0 &&
                    (reinterpret_cast<uintptr_t>(x.raw()) & 15) == 0 && (reinterpret_cast<uintptr_t>(cache.raw()) & 15) == 0;
-  const int64_t work = vec ? rows * dim * elem_bytes / 16 : rows * dim;
+  return CopyJob{x.raw(), cache.raw(), code_of(x.dtype()), code_of(cache.dtype()), dim, vec};
+}
+
+// Appends x to cache and, when given, x2 to cache2 (same rows, capacity and dtype), in one launch.
+void copy_rows(Tensor& cache, const Tensor& x, Tensor* cache2, const Tensor* x2, const Step& step,
+               cudaStream_t stream) {
+  const int64_t rows = step.rows();
+  if (rows == 0) return;
+  const int elem_bytes = int(dtype_size(cache.dtype()));
+  const CopyJob j0 = job_of(cache, x), j1 = cache2 ? job_of(*cache2, *x2) : j0;
+  auto work_of = [&](const CopyJob& j) { return j.vec ? rows * j.dim * elem_bytes / 16 : rows * j.dim; };
+  const int64_t work = std::max(work_of(j0), work_of(j1));
+  if (work == 0) return;
   const int64_t blocks = std::clamp<int64_t>((work + 255) / 256, 1, 65535);
-  kv_copy_rows_kernel<<<unsigned(blocks), 256, 0, stream>>>(x.raw(), code_of(x.dtype()), cache.raw(),
-                                                             code_of(cache.dtype()), step.device.data<int32_t>(), rows,
-                                                             int(step.tokens), cache.size(1), dim, elem_bytes, vec);
+  const dim3 grid(unsigned(blocks), cache2 ? 2u : 1u);
+  kv_copy_rows_kernel<<<grid, 256, 0, stream>>>(j0, j1, step.device.data<int32_t>(), rows, int(step.tokens),
+                                                cache.size(1), elem_bytes);
   MOEX_CUDA_CHECK_LAUNCH(kv_copy_rows_kernel);
 }
 
@@ -98,8 +119,7 @@ void kv_append(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step) 
   }
   if (step.rows() > 0) {
     if (!step.device.defined()) throw InvalidInput("kv_append on CUDA: the step has no device mirror (make_device_step)");
-    copy_rows(kv.k, k, step, stream);
-    if (v.defined()) copy_rows(kv.v, v, step, stream);
+    copy_rows(kv.k, k, v.defined() ? &kv.v : nullptr, v.defined() ? &v : nullptr, step, stream);
   }
   kv.filled = need;
 }
