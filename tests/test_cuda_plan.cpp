@@ -100,12 +100,19 @@ TEST(CudaPlan, LayoutsAndDtypesOutsideTheTensorCoreKernels) {
   EXPECT_EQ(p.describe(), "SIMT tiles of 32 rows");
 }
 
-TEST(CudaPlan, BatchedIsOneSixteenRowTilePerPair) {
+TEST(CudaPlan, BatchedIsOneGemvRowPerPair) {
   for (int64_t T : {1, 4096}) {
     const ExpertsPlan p = plan_batched_mm(qwen(T), kH200);
-    EXPECT_EQ(p.gemm, GemmPath::kMmaSync);
-    EXPECT_EQ(p.tile_rows, 16);
+    EXPECT_EQ(p.gemm, GemmPath::kGemv);
+    EXPECT_EQ(p.tile_rows, 1);
+    EXPECT_NO_THROW(check_plan(p, qwen(T), kH200));
   }
+  // Transposed weights: the GEMV's loads along K would be strided; 16-row mma.sync tiles.
+  ExpertsShape t = qwen(1);
+  t.transposed = true;
+  EXPECT_EQ(plan_batched_mm(t, kH200).gemm, GemmPath::kMmaSync);
+  EXPECT_EQ(plan_batched_mm(t, kH200).tile_rows, 16);
+  EXPECT_THROW(check_plan(ExpertsPlan{GemmPath::kGemv, 1, 256, false, false, 1}, t, kH200), moex::InvalidInput);
   EXPECT_EQ(plan_batched_mm(shape(1, 4, 60, 2048, 1408, Elem::kF32), kH200).gemm, GemmPath::kSimt);
 }
 

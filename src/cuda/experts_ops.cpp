@@ -133,6 +133,10 @@ void run_gemms(const ExpertsArgs& a, const Workspace& w, const ExpertsPlan& plan
       launch_grouped_gemm_simt(g1, s);
       launch_grouped_gemm_simt(g2, s);
       return;
+    case GemmPath::kGemv:
+      launch_grouped_gemv(g1, s);
+      launch_grouped_gemv(g2, s);
+      return;
   }
 }
 

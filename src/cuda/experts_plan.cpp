@@ -14,6 +14,7 @@ const char* gemm_path_name(GemmPath p) {
     case GemmPath::kSimt: return "simt";
     case GemmPath::kMmaSync: return "mma.sync";
     case GemmPath::kWgmma: return "wgmma";
+    case GemmPath::kGemv: return "gemv";
   }
   return "?";
 }
@@ -23,6 +24,7 @@ std::string ExpertsPlan::describe() const {
   switch (gemm) {
     case GemmPath::kSimt: return "SIMT tiles of " + rows + " rows";
     case GemmPath::kMmaSync: return "mma.sync tiles of " + rows + " rows";
+    case GemmPath::kGemv: return "GEMV per pair (CUDA cores, weights streamed in 16-byte loads)";
     case GemmPath::kWgmma: break;
   }
   if (cluster_pairs())
@@ -44,6 +46,13 @@ bool mma_applies(const ExpertsShape& s) {
          !(s.gated && s.transposed && !s.concatenated);
 }
 
+bool gemv_applies(const ExpertsShape& s) {
+  // Each lane reads 16-byte chunks along K of one weight row: K a multiple of 8, row-major
+  // weights (a transposed layout would make every load a strided gather).
+  return s.elem != Elem::kF32 && s.hidden % 8 == 0 && s.intermediate % 8 == 0 && s.aligned16 &&
+         !s.transposed;
+}
+
 bool wgmma_applies(const ExpertsShape& s, const DeviceTraits& d) {
   // The TMA maps read weights row-major ([rows, K]) and the epilogue pairs gate and up column
   // blocks, so transposed or interleaved layouts stay on mma.sync.
@@ -63,6 +72,15 @@ ExpertsPlan simt_plan() {
 }  // namespace
 
 ExpertsPlan plan_batched_mm(const ExpertsShape& s, const DeviceTraits&) {
+  // A pair is one row: the GEMV streams its expert's weights without the 15 padding rows of a
+  // tensor-core tile (decode step of Qwen1.5-MoE on the H200: docs/gpu_model.md).
+  if (gemv_applies(s)) {
+    ExpertsPlan p;
+    p.gemm = GemmPath::kGemv;
+    p.tile_rows = 1;
+    p.raster_tiles = 1;
+    return p;
+  }
   if (!mma_applies(s)) {
     ExpertsPlan p = simt_plan();
     p.raster_tiles = 1;  // (route_per_pair makes no raster groups)
@@ -112,6 +130,9 @@ void check_plan(const ExpertsPlan& p, const ExpertsShape& s, const DeviceTraits&
       if (!mma_applies(s)) fail("mma.sync does not apply to this layout, dtype or alignment");
       if (p.tile_rows != 16 && p.tile_rows != 64 && p.tile_rows != 128)
         fail("mma.sync tiles have 16, 64 or 128 rows, not " + std::to_string(p.tile_rows));
+      break;
+    case GemmPath::kGemv:
+      if (!gemv_applies(s)) fail("the GEMV needs bf16 / f16 row-major weights with K a multiple of 8");
       break;
     case GemmPath::kWgmma:
       if (!wgmma_applies(s, d))

@@ -33,6 +33,7 @@ enum class GemmPath : unsigned char {
   kSimt,     // fp32 FMA, any layout and size (the fp32 path and the fallback)
   kMmaSync,  // mma.sync m16n8k16 + cp.async (bf16 / f16, K and N multiples of 8)
   kWgmma,    // Hopper TMA + wgmma, warp-specialised (sm_90a; not transposed; gated: concatenated)
+  kGemv,     // CUDA-core GEMV per tile row (bf16 / f16, not transposed): batched_mm's pairs
 };
 const char* gemm_path_name(GemmPath p);
 
@@ -62,6 +63,7 @@ struct ExpertsPlan {
 
 // Whether the tensor-core kernels serve both GEMMs of this shape (layout, sizes, alignment).
 bool mma_applies(const ExpertsShape& s);
+bool gemv_applies(const ExpertsShape& s);  // kGemv: bf16 / f16, row-major, K % 8, aligned
 bool wgmma_applies(const ExpertsShape& s, const DeviceTraits& d);
 
 // grouped_mm: 16-row mma.sync tiles while experts average few rows (memory-bound: weights

@@ -83,6 +83,9 @@ struct GroupedGemmArgs {
 // 16-byte aligned pointers; not transposed+interleaved: mma_applies in experts_plan.hpp).
 // tile_rows 16 runs the small configuration, 64 and 128 the 128-row one.
 void launch_grouped_gemm_mma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream);
+// CUDA-core GEMV over route tiles of one or a few rows (grouped_gemv.cuh): bf16 / f16, weights
+// not transposed, K a multiple of 8, 16-byte aligned bases (gemv_applies in experts_plan.hpp).
+void launch_grouped_gemv(const GroupedGemmArgs& a, cudaStream_t stream);
 // Hopper path: TMA + wgmma, warp-specialised (grouped_gemm_wgmma.cuh). Needs a compute
 // capability 9.0 device, bf16 / f16, non-transposed weights, gated layouts concatenated, K a
 // multiple of 8, 16-byte aligned tensors (wgmma_applies in experts_plan.hpp), and A contiguous in

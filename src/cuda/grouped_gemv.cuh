@@ -1,0 +1,102 @@
+// Grouped GEMV on the CUDA cores: the experts GEMMs when each route tile holds one row (or very
+// few), which is what `batched_mm` makes: one tile per (token, slot) pair.
+//
+// Why: a decode step routes one token to k experts, so each expert's gate_up and down are
+// [1, K] x [K, N] products that only stream the expert's weights. The tensor-core kernel runs
+// them as 16-row tiles (15 rows of padding) staged through shared memory; measured on the H200
+// inside a decode step of a Qwen1.5-MoE-shaped model, its two launches per layer read the four
+// experts' 69 MB at about 2 TB/s (ncu, docs/gpu_model.md). Here a block of 8 warps owns
+// kGemvColumns output columns of one tile (both the gate and the up row of each column for gated
+// experts, so the activation stays fused): the warps split K into 256-element chunks, each lane
+// streams one 16-byte load per weight row per chunk, partial sums are reduced in a fixed order
+// (shuffle-xor within a warp, then warps 0..7), and the shared epilogue (gemm_common.cuh) adds
+// the bias, applies the activation and stores exactly what the other kernels store. Rows of a tile
+// past the first re-read the weights from L1/L2.
+//
+// Applies to bf16 / f16 weights stored row-major per expert ([E, N_rows, K], not transposed),
+// K a multiple of 8 and 16-byte aligned bases (gemv_applies in experts_plan.hpp).
+#pragma once
+
+#include "cuda/gemm_common.cuh"
+
+namespace moex::cuda {
+
+constexpr int kGemvWarps = 8;
+constexpr int kGemvColumns = 4;
+constexpr int kGemvChunk = 256;
+
+template <class T>
+__device__ __forceinline__ void gemv_widen8(const uint4& v, float* f) {
+  const T* h = reinterpret_cast<const T*>(&v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = to_float(h[i]);
+}
+
+template <class T, GemmKind kKind, int kGroups>
+__global__ void __launch_bounds__(kGemvWarps * 32) grouped_gemv_kernel(GemmParams p) {
+  if (int(blockIdx.x) >= *p.num_tiles) return;
+  const Tile tile = p.tiles[blockIdx.x];
+  if (tile.rows <= 0) return;
+  const int j0 = int(blockIdx.y) * kGemvColumns;
+  if (j0 >= p.N) return;
+  const int cols = min(kGemvColumns, p.N - j0);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const T* w = static_cast<const T*>(p.w) + tile.expert * p.w_expert_stride;
+  const T* wrow[kGroups][kGemvColumns];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+    for (int c = 0; c < kGemvColumns; ++c)
+      wrow[g][c] = w + b_source_row<kGroups>(p, j0 + min(c, cols - 1), g) * p.ldw;
+
+  __shared__ float part[kGemvWarps][kGroups][kGemvColumns];
+  for (int r = 0; r < tile.rows; ++r) {
+    const int pos = tile.row_start + r;
+    const T* a = a_row<T, kKind>(p, pos);
+    float acc[kGroups][kGemvColumns];
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+      for (int c = 0; c < kGemvColumns; ++c) acc[g][c] = 0.0f;
+    for (int k = warp * kGemvChunk + lane * 8; k < p.K; k += kGemvWarps * kGemvChunk) {
+      uint4 wv[kGroups][kGemvColumns];
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+        for (int c = 0; c < kGemvColumns; ++c) wv[g][c] = __ldg(reinterpret_cast<const uint4*>(wrow[g][c] + k));
+      float xf[8];
+      gemv_widen8<T>(__ldg(reinterpret_cast<const uint4*>(a + k)), xf);
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+        for (int c = 0; c < kGemvColumns; ++c) {
+          float wf[8];
+          gemv_widen8<T>(wv[g][c], wf);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[g][c] = fmaf(xf[i], wf[i], acc[g][c]);
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+      for (int c = 0; c < kGemvColumns; ++c) {
+        float v = acc[g][c];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) part[warp][g][c] = v;
+      }
+    __syncthreads();
+    if (threadIdx.x < cols) {
+      const int c = threadIdx.x;
+      float v[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+        for (int q = 0; q < kGemvWarps; ++q) v[g] += part[q][g][c];
+      epilogue_store<T, kKind, kGroups>(p, tile.expert, pos, j0 + c, v[0], v[kGroups - 1]);
+    }
+    __syncthreads();  // part is rewritten by the next row
+  }
+}
+
+}  // namespace moex::cuda
