@@ -127,6 +127,27 @@ TEST_P(DenseLinearPath, IndependentOfThreadsAndOtherRows) {
   }
 }
 
+// bf16 weights give the bits of ops::linear's plain loop (the summation order the fixtures were
+// validated with; dense_linear.hpp), bias included, on every path. float32 results (act f32 with
+// bf16-valued activations) so that a different order shows, values of mixed magnitudes so that
+// the float32 sums round.
+TEST_P(DenseLinearPath, Bf16WeightsGiveThePlainLoopsBits) {
+  uint64_t seed = 500;
+  for (int64_t in : {int64_t(1), int64_t(7), int64_t(67), int64_t(1408)})
+    for (int64_t rows : {int64_t(1), int64_t(33)}) {
+      const Tensor w = random_tensor({151, in}, DType::kBF16, ++seed);
+      const Tensor b = random_tensor({151}, DType::kBF16, ++seed).to(DType::kF32);
+      std::vector<float> xv = act_values({rows, in}, DType::kBF16, ++seed).to_float_vector();
+      for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::ldexp(xv[i], int(i * 7 % 13) - 6);
+      const Tensor x = Tensor::from_floats(xv, {rows, in});
+      const std::vector<float> got =
+          cpu::DenseLinear::pack(w, GetParam())->run(x, b, DType::kF32).to_float_vector();
+      const std::vector<float> want = ops::linear(x, w, b, DType::kF32).to_float_vector();
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+          << "in " << in << " rows " << rows << ", seed " << seed;
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllPaths, DenseLinearPath, ::testing::ValuesIn(cpu::kAllKernelPaths),
                          [](const auto& info) { return std::string(cpu::kernel_path_name(info.param)); });
 

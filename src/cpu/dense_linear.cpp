@@ -21,65 +21,53 @@ constexpr int64_t kPanelRows = 256;
 // Activation rows are padded by one cache line: a row stride that is a multiple of 4 KiB would map
 // the rows of a register block onto one L1 set.
 constexpr int64_t kRowPadBytes = 64;
+// k classes of the plain loop (ops/cpu/cpu_ops.hpp dot: eight accumulators over k mod 8).
+constexpr int64_t kSlices = 8;
 // Below this many multiply-adds one thread is faster than waking the others.
 constexpr int64_t kParallelWork = int64_t(1) << 15;
 
 // The host ops' rounding of results (ops/cpu/cpu_ops.hpp round_act): bf16 only.
 inline float round_act(float v, DType act) { return act == DType::kBF16 ? round_bf16(v) : v; }
 
-// Grow-only bf16 activation buffer of the calling thread (no allocation per call once the
-// largest shape has been seen).
+// Grow-only activation buffer of the calling thread (no allocation per call once the largest
+// shape has been seen).
 struct ActBuffer {
-  uint16_t* p = nullptr;
+  void* p = nullptr;
   size_t cap = 0;  // bytes
   ~ActBuffer() { big_free(p, cap); }
-  uint16_t* get(size_t elems) {
-    if (elems * 2 > cap) {
+  void* get(size_t bytes) {
+    if (bytes > cap) {
       big_free(p, cap);
-      cap = std::max(elems * 2, cap + cap / 2);
-      p = static_cast<uint16_t*>(big_alloc(cap));
+      cap = std::max(bytes, cap + cap / 2);
+      p = big_alloc(cap);
     }
     return p;
   }
 };
 thread_local ActBuffer t_act;
 
-// Packs panel q (output columns 16q .. 16q+15) of weight w [out, in] of source dtype `src`.
-void pack_panel_bf16(const uint16_t* w, int64_t out, int64_t in, int64_t k_pad, int64_t q,
-                     uint32_t* dst) {
-  const int64_t pairs = k_pad / 2, full = in / 2;
+// Packs panel q (output columns 16q .. 16q+15) of weight w [out, in]: packed k position kk
+// holds source column order[kk] (-1: zero).
+template <class Src, class Dst>
+void pack_panel(const Src* w, DType src, int64_t out, int64_t in, const std::vector<int32_t>& order,
+                int64_t q, Dst* dst) {
+  const bool pairs = sizeof(Dst) == 2;
+  const int64_t kp = int64_t(order.size());
   for (int64_t lane = 0; lane < kernels::kPanelCols; ++lane) {
     const int64_t n = q * kernels::kPanelCols + lane;
-    uint32_t* d = dst + lane;
-    if (n >= out) {
-      for (int64_t p = 0; p < pairs; ++p) d[p * kernels::kPanelCols] = 0;
-      continue;
-    }
-    const uint16_t* row = w + n * in;
-    int64_t p = 0;
-    for (; p < full; ++p) {
-      uint32_t v;
-      std::memcpy(&v, row + 2 * p, 4);  // little endian: the even k in the low half (pair layout)
-      d[p * kernels::kPanelCols] = v;
-    }
-    if (in % 2) d[p++ * kernels::kPanelCols] = row[in - 1];
-    for (; p < pairs; ++p) d[p * kernels::kPanelCols] = 0;
-  }
-}
-
-template <class Src>
-void pack_panel_f32(const Src* w, DType src, int64_t out, int64_t in, int64_t q, float* dst) {
-  for (int64_t lane = 0; lane < kernels::kPanelCols; ++lane) {
-    const int64_t n = q * kernels::kPanelCols + lane;
-    float* d = dst + lane;
-    if (n >= out) {
-      for (int64_t k = 0; k < in; ++k) d[k * kernels::kPanelCols] = 0.f;
-      continue;
-    }
     const Src* row = w + n * in;
-    for (int64_t k = 0; k < in; ++k) {
-      if constexpr (sizeof(Src) == 4) d[k * kernels::kPanelCols] = row[k];
-      else d[k * kernels::kPanelCols] = src == DType::kF16 ? f16_to_float(row[k]) : bf16_to_float(row[k]);
+    for (int64_t kk = 0; kk < kp; ++kk) {
+      // pair layout [K/2][16][2]; panel layout [K][16]
+      const int64_t at = pairs ? (kk / 2) * 2 * kernels::kPanelCols + lane * 2 + (kk & 1)
+                               : kk * kernels::kPanelCols + lane;
+      const int32_t k = order[size_t(kk)];
+      if (n >= out || k < 0) {
+        dst[at] = Dst(0);
+      } else if constexpr (sizeof(Dst) == 2 || sizeof(Src) == 4) {
+        dst[at] = row[k];
+      } else {
+        dst[at] = src == DType::kF16 ? f16_to_float(row[k]) : bf16_to_float(row[k]);
+      }
     }
   }
 }
@@ -113,26 +101,41 @@ std::shared_ptr<const DenseLinear> DenseLinear::pack(const Tensor& weight,
   w.dtype = pd;
   w.experts = 1;
   w.n_pad = round_up(std::max<int64_t>(d->out_, 1), kernels::kBlockCols);
-  w.k_pad = pd == DType::kBF16 ? round_up(d->in_, kernels::kBf16KMultiple) : d->in_;
+  // The plain loop's k order: class j (k = j, j + 8, ...) in slice j, then the tail (header).
+  const int64_t in = d->in_, per = in / kSlices;
+  d->slice_ = round_up(per, 2);
+  d->tail_ = round_up(in - per * kSlices, 2);
+  w.k_pad = kSlices * d->slice_ + d->tail_;
+  // VDPBF16PS adds the odd element of a pair before the even one; the widening kernels the even
+  // one first. Each pair holds the earlier k in the slot added first.
+  const bool odd_first = d->kernels_.small == kernels::gemm_bf16_avx512bf16;
+  d->order_.assign(size_t(w.k_pad), -1);
+  auto place = [&](int64_t kk, int64_t k) {
+    d->order_[size_t(pd == DType::kBF16 && odd_first ? kk ^ 1 : kk)] = int32_t(k);
+  };
+  for (int64_t j = 0; j < kSlices; ++j)
+    for (int64_t t = 0; t < per; ++t) place(j * d->slice_ + t, j + kSlices * t);
+  for (int64_t t = 0; t < in - per * kSlices; ++t) place(kSlices * d->slice_ + t, per * kSlices + t);
   w.panel_stride = w.k_pad * kernels::kPanelCols;
   w.expert_stride = w.n_pad * w.k_pad;
   const size_t bytes = w.bytes();
   w.data = std::shared_ptr<void>(big_alloc(bytes), [bytes](void* p) { big_free(p, bytes); });
-  const int64_t panels = w.n_pad / kernels::kPanelCols, out = d->out_, in = d->in_;
+  const int64_t panels = w.n_pad / kernels::kPanelCols, out = d->out_;
   const void* src = t.raw();
   char* base = static_cast<char*>(w.data.get());
   const size_t panel_bytes = size_t(w.panel_stride) * w.elem();
   const DType sd = t.dtype();
+  const std::vector<int32_t>& order = d->order_;
   // Every element, padding included, is written (no separate zeroing pass over the buffer).
 #pragma omp parallel for schedule(dynamic, 4) if (bytes >= (size_t(1) << 20))
   for (int64_t q = 0; q < panels; ++q) {
     void* dst = base + size_t(q) * panel_bytes;
     if (pd == DType::kBF16)
-      pack_panel_bf16(static_cast<const uint16_t*>(src), out, in, w.k_pad, q, static_cast<uint32_t*>(dst));
+      pack_panel(static_cast<const uint16_t*>(src), sd, out, in, order, q, static_cast<uint16_t*>(dst));
     else if (sd == DType::kF32)
-      pack_panel_f32(static_cast<const float*>(src), sd, out, in, q, static_cast<float*>(dst));
+      pack_panel(static_cast<const float*>(src), sd, out, in, order, q, static_cast<float*>(dst));
     else
-      pack_panel_f32(static_cast<const uint16_t*>(src), sd, out, in, q, static_cast<float*>(dst));
+      pack_panel(static_cast<const uint16_t*>(src), sd, out, in, order, q, static_cast<float*>(dst));
   }
   return d;
 }
@@ -141,6 +144,9 @@ void DenseLinear::run_scalar(const float* x, int64_t rows, const float* bias, DT
                              float* y) const {
   const uint16_t* w = static_cast<const uint16_t*>(w_.data.get());
   const int64_t out = out_, in = in_;
+  std::vector<int64_t> pos(static_cast<size_t>(in));  // packed position of source column k
+  for (int64_t kk = 0; kk < w_.k_pad; ++kk)
+    if (order_[size_t(kk)] >= 0) pos[size_t(order_[size_t(kk)])] = kk;
 #pragma omp parallel for schedule(static) if (rows * in * out >= kParallelWork)
   for (int64_t n = 0; n < out; ++n) {
     const uint16_t* panel = w + (n / kernels::kPanelCols) * w_.panel_stride + (n % kernels::kPanelCols) * 2;
@@ -148,7 +154,7 @@ void DenseLinear::run_scalar(const float* x, int64_t rows, const float* bias, DT
       const float* xr = x + r * in;
       float acc = 0.f;
       for (int64_t k = 0; k < in; ++k)
-        acc += xr[k] * bf16_to_float(panel[(k / 2) * 2 * kernels::kPanelCols + (k & 1)]);
+        acc += xr[k] * bf16_to_float(panel[(pos[size_t(k)] / 2) * 2 * kernels::kPanelCols + (pos[size_t(k)] & 1)]);
       y[r * out + n] = round_act(acc + (bias ? bias[n] : 0.f), act);
     }
   }
@@ -163,27 +169,33 @@ Tensor DenseLinear::run(const Tensor& xt, const Tensor& bias_t, DType act) const
   const float* bias = bias_t.defined() ? bias_t.data<float>() : nullptr;
   float* y = yt.data<float>();
   const bool bf16 = w_.dtype == DType::kBF16;
-  if (bf16 && act != DType::kBF16) {  // activations that bf16 cannot hold exactly
+  auto bf16_values = [&] {
+    for (int64_t i = 0; i < rows * in; ++i)
+      if (round_bf16(x[i]) != x[i]) return false;
+    return true;
+  };
+  if (bf16 && act != DType::kBF16 && !bf16_values()) {  // values bf16 cannot hold exactly
     run_scalar(x, rows, bias, act, y);
     return yt;
   }
   const bool parallel = rows * in * out >= kParallelWork;
   const int threads = parallel ? omp_get_max_threads() : 1;
 
-  // A operand: bf16 rows padded to k_pad with zeros (exact: they hold bf16 values), or x itself.
-  const void* a = x;
-  int64_t lda = in;
-  if (bf16) {
-    lda = w_.k_pad + kRowPadBytes / 2;
-    uint16_t* buf = t_act.get(size_t(rows * lda));
+  // A operand: x's rows gathered into the packed k order (zeros at padding), as bf16 (exact:
+  // they hold bf16 values) or float32.
+  const int64_t lda = w_.k_pad + kRowPadBytes / int64_t(w_.elem());
+  void* a = t_act.get(size_t(rows * lda) * w_.elem());
+  const int32_t* order = order_.data();
 #pragma omp parallel for schedule(static) if (parallel && rows >= 16)
-    for (int64_t r = 0; r < rows; ++r) {
-      uint16_t* d = buf + r * lda;
-      const float* s = x + r * in;
-      for (int64_t k = 0; k < in; ++k) d[k] = float_to_bf16(s[k]);
-      for (int64_t k = in; k < w_.k_pad; ++k) d[k] = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * in;
+    if (bf16) {
+      uint16_t* d = static_cast<uint16_t*>(a) + r * lda;
+      for (int64_t kk = 0; kk < w_.k_pad; ++kk) d[kk] = order[kk] < 0 ? 0 : float_to_bf16(xr[order[kk]]);
+    } else {
+      float* d = static_cast<float*>(a) + r * lda;
+      for (int64_t kk = 0; kk < w_.k_pad; ++kk) d[kk] = order[kk] < 0 ? 0.f : xr[order[kk]];
     }
-    a = buf;
   }
   const size_t elem = w_.elem();
   const int64_t blocks = w_.n_pad / kernels::kBlockCols;
@@ -196,30 +208,42 @@ Tensor DenseLinear::run(const Tensor& xt, const Tensor& bias_t, DType act) const
   const kernels::GemmFn fn = kernels_.small;
 #pragma omp parallel for schedule(dynamic, grain) num_threads(threads)
   for (int64_t u = 0; u < units; ++u) {
-    alignas(64) float c[kernels::kMaxRows * kernels::kBlockCols];
+    // One fp32 result per k slice (the tail last), combined as the plain loop combines its
+    // accumulators: ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7)) + tail.
+    alignas(64) float c[kSlices + 1][kernels::kMaxRows * kernels::kBlockCols];
     const int64_t panel = u / blocks, blk = u % blocks;
     const int64_t p0 = panel * kPanelRows, prow = std::min(kPanelRows, rows - p0);
     const int64_t col0 = blk * kernels::kBlockCols;
     const int valid = int(std::min<int64_t>(kernels::kBlockCols, out - col0));
+    const char* b = static_cast<const char*>(w_.block(0, blk));
     for (int64_t r0 = p0; r0 < p0 + prow; r0 += kernels::kMaxRows) {
       const int m = int(std::min<int64_t>(kernels::kMaxRows, p0 + prow - r0));
-      kernels::GemmArgs g;
-      g.a = static_cast<const char*>(a) + size_t(r0 * lda) * elem;
-      g.lda = lda;
-      g.b = w_.block(0, blk);
-      g.panel_stride = w_.panel_stride;
-      g.k = w_.k_pad;
-      g.m = m;
-      g.c = c;
-      g.ldc = kernels::kBlockCols;
-      fn(g);
+      for (int64_t j = 0; j <= kSlices; ++j) {
+        const int64_t k0 = j * slice_, len = j < kSlices ? slice_ : tail_;
+        if (len == 0) {
+          std::fill(c[j], c[j] + m * kernels::kBlockCols, 0.f);
+          continue;
+        }
+        kernels::GemmArgs g;
+        g.a = static_cast<const char*>(a) + size_t(r0 * lda + k0) * elem;
+        g.lda = lda;
+        g.b = b + size_t(k0 * kernels::kPanelCols) * elem;  // both layouts: 16 elements per k
+        g.panel_stride = w_.panel_stride;
+        g.k = len;
+        g.m = m;
+        g.c = c[j];
+        g.ldc = kernels::kBlockCols;
+        fn(g);
+      }
       for (int r = 0; r < m; ++r) {
-        const float* cr = c + r * kernels::kBlockCols;
         float* yr = y + (r0 + r) * out + col0;
-        if (bias)
-          for (int j = 0; j < valid; ++j) yr[j] = round_act(cr[j] + bias[col0 + j], act);
-        else
-          for (int j = 0; j < valid; ++j) yr[j] = round_act(cr[j], act);
+        for (int i = 0; i < valid; ++i) {
+          const int e = r * kernels::kBlockCols + i;
+          float v = ((c[0][e] + c[4][e]) + (c[1][e] + c[5][e])) + ((c[2][e] + c[6][e]) + (c[3][e] + c[7][e])) +
+                    c[kSlices][e];
+          if (bias) v += bias[col0 + i];
+          yr[i] = round_act(v, act);
+        }
       }
     }
   }

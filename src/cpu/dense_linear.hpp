@@ -15,15 +15,26 @@
 //   so a row's result does not depend on the other rows of the call (left-padded batches are
 //   bit-identical to unpadded runs), nor on the thread count. AMX for large row counts would need
 //   identical rounding to VDPBF16PS for the few-row calls, which is not established.
+// - Summation order: the plain loop's (ops/cpu/cpu_ops.hpp dot), so that results do not move
+//   against the fixtures it was validated with. It keeps eight accumulators (k mod 8), combines
+//   them as a fixed tree and adds the k % 8 tail last. Packing permutes k so that class j
+//   (k = j, j + 8, ...) is the contiguous slice j, then the tail; a kernel call per slice gives
+//   each class's sum in k order, and the epilogue combines them like the loop. Products of bf16
+//   values are exact in float32, so bf16 weights give the loop's bits on every path (pairs are
+//   laid out in the order each kernel adds them); fp32 weights differ by FMA rounding only.
+//   (A plain k-sequential sum rounded one element of DeepSeek's bf16 fixture the other way at a
+//   near tie, which its router amplified to 4.8 % of the logits; measured.)
 // - bf16 kernels read bf16 activations: the float32 activations are converted per call (exact
-//   when they hold bf16 values, i.e. act == bf16); a bf16 weight with non-bf16 activations runs a
-//   scalar float32 loop over the packed weight instead, so no non-bf16 value is rounded. fp32
+//   when they hold bf16 values: act == bf16, or checked per call otherwise); a bf16 weight with
+//   activations that are not all bf16 values runs a scalar float32 loop over the packed weight
+//   instead, so no activation is rounded. fp32
 //   weights never go through the bf16 units.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "cpu/engine.hpp"
 #include "moex/tensor.hpp"
@@ -59,6 +70,8 @@ class DenseLinear {
   void run_scalar(const float* x, int64_t rows, const float* bias, DType act, float* y) const;
 
   int64_t out_ = 0, in_ = 0;
+  int64_t slice_ = 0, tail_ = 0;  // packed k of each of the 8 k-class slices, of the tail
+  std::vector<int32_t> order_;    // [k_pad]: source column of each packed k, -1 = zero
   DType source_ = DType::kF32;
   KernelSet kernels_;
   PackedMatrices w_;  // one matrix: n_pad = out rounded to 32, k_pad per kernels.hpp
