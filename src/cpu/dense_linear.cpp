@@ -46,28 +46,34 @@ struct ActBuffer {
 };
 thread_local ActBuffer t_act;
 
-// Packs panel q (output columns 16q .. 16q+15) of weight w [out, in]: packed k position kk
-// holds source column order[kk] (-1: zero).
+// Packs panel q (output columns 16q .. 16q+15) of weight w [out, in] into the permuted k order
+// (header): a row is first gathered into `tmp` [k_pad] (class j = k j, j + 8, ... at slice j,
+// then the tail, zeros in the padding), then written to its lane of the panel. No per-element
+// branches: packing runs inside model loading.
 template <class Src, class Dst>
-void pack_panel(const Src* w, DType src, int64_t out, int64_t in, const std::vector<int32_t>& order,
-                int64_t q, Dst* dst) {
-  const bool pairs = sizeof(Dst) == 2;
-  const int64_t kp = int64_t(order.size());
+void pack_panel(const Src* w, DType src, int64_t out, int64_t in, int64_t slice, int64_t k_pad,
+                bool swap_pairs, int64_t q, Dst* dst, Dst* tmp) {
+  const int64_t per = in / 8, tail = in - 8 * per;
   for (int64_t lane = 0; lane < kernels::kPanelCols; ++lane) {
     const int64_t n = q * kernels::kPanelCols + lane;
-    const Src* row = w + n * in;
-    for (int64_t kk = 0; kk < kp; ++kk) {
-      // pair layout [K/2][16][2]; panel layout [K][16]
-      const int64_t at = pairs ? (kk / 2) * 2 * kernels::kPanelCols + lane * 2 + (kk & 1)
-                               : kk * kernels::kPanelCols + lane;
-      const int32_t k = order[size_t(kk)];
-      if (n >= out || k < 0) {
-        dst[at] = Dst(0);
-      } else if constexpr (sizeof(Dst) == 2 || sizeof(Src) == 4) {
-        dst[at] = row[k];
-      } else {
-        dst[at] = src == DType::kF16 ? f16_to_float(row[k]) : bf16_to_float(row[k]);
-      }
+    std::fill(tmp, tmp + k_pad, Dst(0));
+    if (n < out) {
+      const Src* row = w + n * in;
+      auto conv = [src](Src v) -> Dst {
+        if constexpr (sizeof(Dst) == 2 || sizeof(Src) == 4) return Dst(v);
+        else return src == DType::kF16 ? f16_to_float(v) : bf16_to_float(v);
+      };
+      for (int64_t j = 0; j < 8; ++j)
+        for (int64_t t = 0; t < per; ++t) tmp[j * slice + t] = conv(row[j + 8 * t]);
+      for (int64_t t = 0; t < tail; ++t) tmp[8 * slice + t] = conv(row[8 * per + t]);
+    }
+    if constexpr (sizeof(Dst) == 2) {  // pair layout [K/2][16][2] as 32-bit lanes
+      uint32_t* d = reinterpret_cast<uint32_t*>(dst) + lane;
+      const int sh_first = swap_pairs ? 16 : 0;  // where the earlier k of a pair goes
+      for (int64_t p = 0; p < k_pad / 2; ++p)
+        d[p * kernels::kPanelCols] = uint32_t(tmp[2 * p]) << sh_first | uint32_t(tmp[2 * p + 1]) << (16 - sh_first);
+    } else {  // panel layout [K][16]
+      for (int64_t k = 0; k < k_pad; ++k) dst[k * kernels::kPanelCols + lane] = tmp[k];
     }
   }
 }
@@ -125,17 +131,24 @@ std::shared_ptr<const DenseLinear> DenseLinear::pack(const Tensor& weight,
   char* base = static_cast<char*>(w.data.get());
   const size_t panel_bytes = size_t(w.panel_stride) * w.elem();
   const DType sd = t.dtype();
-  const std::vector<int32_t>& order = d->order_;
   // Every element, padding included, is written (no separate zeroing pass over the buffer).
-#pragma omp parallel for schedule(dynamic, 4) if (bytes >= (size_t(1) << 20))
-  for (int64_t q = 0; q < panels; ++q) {
-    void* dst = base + size_t(q) * panel_bytes;
-    if (pd == DType::kBF16)
-      pack_panel(static_cast<const uint16_t*>(src), sd, out, in, order, q, static_cast<uint16_t*>(dst));
-    else if (sd == DType::kF32)
-      pack_panel(static_cast<const float*>(src), sd, out, in, order, q, static_cast<float*>(dst));
-    else
-      pack_panel(static_cast<const uint16_t*>(src), sd, out, in, order, q, static_cast<float*>(dst));
+#pragma omp parallel if (bytes >= (size_t(1) << 20))
+  {
+    std::vector<float> tmp(size_t(w.k_pad));  // room for either element type
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t q = 0; q < panels; ++q) {
+      void* dst = base + size_t(q) * panel_bytes;
+      const int64_t sl = d->slice_, kp = w.k_pad;
+      if (pd == DType::kBF16)
+        pack_panel(static_cast<const uint16_t*>(src), sd, out, in, sl, kp, odd_first, q,
+                   static_cast<uint16_t*>(dst), reinterpret_cast<uint16_t*>(tmp.data()));
+      else if (sd == DType::kF32)
+        pack_panel(static_cast<const float*>(src), sd, out, in, sl, kp, false, q,
+                   static_cast<float*>(dst), tmp.data());
+      else
+        pack_panel(static_cast<const uint16_t*>(src), sd, out, in, sl, kp, false, q,
+                   static_cast<float*>(dst), tmp.data());
+    }
   }
   return d;
 }
