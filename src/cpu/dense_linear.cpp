@@ -46,36 +46,52 @@ struct ActBuffer {
 };
 thread_local ActBuffer t_act;
 
-// Packs panel q (output columns 16q .. 16q+15) of weight w [out, in] into the permuted k order
-// (header): a row is first gathered into `tmp` [k_pad] (class j = k j, j + 8, ... at slice j,
-// then the tail, zeros in the padding), then written to its lane of the panel. No per-element
-// branches: packing runs inside model loading.
+// Packs panel q (output columns 16q .. 16q+15) of weight w [out, in] in the permuted k order
+// (header: class j = k j, j + 8, ... at slice j, then the tail; zeros in the padding). Each
+// packed k row (16 lanes, 64 bytes) is written whole, and the 16 source rows are walked in
+// chunks of kPackChunk classes' steps that stay in L1: writing lane by lane instead touched
+// every destination line 16 times (measured 2-3x slower). `zero`: a row of zeros for lanes past
+// `out`. bf16: each 32-bit pair holds the earlier k in the half the kernel adds first
+// (swap_pairs: the odd, high half).
+constexpr int64_t kPackChunk = 64;
+
 template <class Src, class Dst>
 void pack_panel(const Src* w, DType src, int64_t out, int64_t in, int64_t slice, int64_t k_pad,
-                bool swap_pairs, int64_t q, Dst* dst, Dst* tmp) {
+                bool swap_pairs, int64_t q, const Src* zero, Dst* dst) {
   const int64_t per = in / 8, tail = in - 8 * per;
+  const Src* rows[kernels::kPanelCols];
   for (int64_t lane = 0; lane < kernels::kPanelCols; ++lane) {
     const int64_t n = q * kernels::kPanelCols + lane;
-    std::fill(tmp, tmp + k_pad, Dst(0));
-    if (n < out) {
-      const Src* row = w + n * in;
-      auto conv = [src](Src v) -> Dst {
-        if constexpr (sizeof(Dst) == 2 || sizeof(Src) == 4) return Dst(v);
-        else return src == DType::kF16 ? f16_to_float(v) : bf16_to_float(v);
-      };
-      for (int64_t j = 0; j < 8; ++j)
-        for (int64_t t = 0; t < per; ++t) tmp[j * slice + t] = conv(row[j + 8 * t]);
-      for (int64_t t = 0; t < tail; ++t) tmp[8 * slice + t] = conv(row[8 * per + t]);
-    }
-    if constexpr (sizeof(Dst) == 2) {  // pair layout [K/2][16][2] as 32-bit lanes
-      uint32_t* d = reinterpret_cast<uint32_t*>(dst) + lane;
-      const int sh_first = swap_pairs ? 16 : 0;  // where the earlier k of a pair goes
-      for (int64_t p = 0; p < k_pad / 2; ++p)
-        d[p * kernels::kPanelCols] = uint32_t(tmp[2 * p]) << sh_first | uint32_t(tmp[2 * p + 1]) << (16 - sh_first);
-    } else {  // panel layout [K][16]
-      for (int64_t k = 0; k < k_pad; ++k) dst[k * kernels::kPanelCols + lane] = tmp[k];
-    }
+    rows[lane] = n < out ? w + n * in : zero;
   }
+  // value(lane, k) for k < in, 0 for k = -1
+  auto conv = [src](Src v) -> Dst {
+    if constexpr (sizeof(Dst) == 2 || sizeof(Src) == 4) return Dst(v);
+    else return src == DType::kF16 ? f16_to_float(v) : bf16_to_float(v);
+  };
+  // Writes packed k rows kk, kk + 1 (one pair row for bf16) from source columns k0, k1 (-1: 0).
+  auto put2 = [&](int64_t kk, int64_t k0, int64_t k1) {
+    if constexpr (sizeof(Dst) == 2) {
+      uint32_t* d = reinterpret_cast<uint32_t*>(dst) + (kk / 2) * kernels::kPanelCols;
+      const int first = swap_pairs ? 16 : 0, second = 16 - first;
+      for (int lane = 0; lane < kernels::kPanelCols; ++lane) {
+        const uint32_t a = k0 < 0 ? 0 : rows[lane][k0], b = k1 < 0 ? 0 : rows[lane][k1];
+        d[lane] = a << first | b << second;
+      }
+    } else {
+      Dst* d = dst + kk * kernels::kPanelCols;
+      for (int lane = 0; lane < kernels::kPanelCols; ++lane) {
+        d[lane] = k0 < 0 ? Dst(0) : conv(rows[lane][k0]);
+        d[kernels::kPanelCols + lane] = k1 < 0 ? Dst(0) : conv(rows[lane][k1]);
+      }
+    }
+  };
+  for (int64_t t0 = 0; t0 < slice; t0 += kPackChunk)
+    for (int64_t j = 0; j < 8; ++j)
+      for (int64_t t = t0; t < std::min(t0 + kPackChunk, slice); t += 2)
+        put2(j * slice + t, t < per ? j + 8 * t : -1, t + 1 < per ? j + 8 * t + 8 : -1);
+  for (int64_t t = 0; t < k_pad - 8 * slice; t += 2)
+    put2(8 * slice + t, t < tail ? 8 * per + t : -1, t + 1 < tail ? 8 * per + t + 1 : -1);
 }
 
 }  // namespace
@@ -132,23 +148,20 @@ std::shared_ptr<const DenseLinear> DenseLinear::pack(const Tensor& weight,
   const size_t panel_bytes = size_t(w.panel_stride) * w.elem();
   const DType sd = t.dtype();
   // Every element, padding included, is written (no separate zeroing pass over the buffer).
-#pragma omp parallel if (bytes >= (size_t(1) << 20))
-  {
-    std::vector<float> tmp(size_t(w.k_pad));  // room for either element type
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t q = 0; q < panels; ++q) {
-      void* dst = base + size_t(q) * panel_bytes;
-      const int64_t sl = d->slice_, kp = w.k_pad;
-      if (pd == DType::kBF16)
-        pack_panel(static_cast<const uint16_t*>(src), sd, out, in, sl, kp, odd_first, q,
-                   static_cast<uint16_t*>(dst), reinterpret_cast<uint16_t*>(tmp.data()));
-      else if (sd == DType::kF32)
-        pack_panel(static_cast<const float*>(src), sd, out, in, sl, kp, false, q,
-                   static_cast<float*>(dst), tmp.data());
-      else
-        pack_panel(static_cast<const uint16_t*>(src), sd, out, in, sl, kp, false, q,
-                   static_cast<float*>(dst), tmp.data());
-    }
+  const std::vector<float> zero(size_t(in), 0.f);  // read as any source element type
+#pragma omp parallel for schedule(dynamic, 4) if (bytes >= (size_t(1) << 20))
+  for (int64_t q = 0; q < panels; ++q) {
+    void* dst = base + size_t(q) * panel_bytes;
+    const int64_t sl = d->slice_, kp = w.k_pad;
+    if (pd == DType::kBF16)
+      pack_panel(static_cast<const uint16_t*>(src), sd, out, in, sl, kp, odd_first, q,
+                 reinterpret_cast<const uint16_t*>(zero.data()), static_cast<uint16_t*>(dst));
+    else if (sd == DType::kF32)
+      pack_panel(static_cast<const float*>(src), sd, out, in, sl, kp, false, q, zero.data(),
+                 static_cast<float*>(dst));
+    else
+      pack_panel(static_cast<const uint16_t*>(src), sd, out, in, sl, kp, false, q,
+                 reinterpret_cast<const uint16_t*>(zero.data()), static_cast<float*>(dst));
   }
   return d;
 }
