@@ -18,7 +18,8 @@
 //   weights) are float32 on every device. Ops accept either storage dtype as input. Sums, statistics and
 //   softmaxes accumulate in float32 (some in double where noted), in a fixed order, so results
 //   do not depend on the thread count.
-// - Weights are tensors of any float dtype ([out, in] for linears), read in place.
+// - Weights are tensors of any float dtype, read in place; a linear's weight [out, in] is
+//   prepared once for its device instead (LinearWeight, prepare_linear).
 // - Ops named with a trailing underscore work in place (torch's convention).
 #pragma once
 
