@@ -1,7 +1,7 @@
 #!/bin/sh
 # Builds the CPU kernel labs against the objects of a CPU build directory (default build-cpu:
 # `ninja -C build-cpu moex` first; only src/core and src/cpu objects are needed); amx_lab is
-# standalone.
+# standalone; dense_linear_lab links libmoex.so of that directory.
 set -e
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build-cpu}
@@ -9,4 +9,7 @@ objs=$(find "$build/CMakeFiles/moex.dir/src/core" "$build/CMakeFiles/moex.dir/sr
 g++ -std=c++20 -O2 -fopenmp -I"$root/include" -I"$root/src" "$root/lab/cpu/experts_lab.cpp" $objs \
   -o "$build/experts_lab"
 g++ -std=c++20 -O2 "$root/lab/cpu/amx_lab.cpp" -o "$build/amx_lab"  # standalone, no engine objects
-echo "$build/experts_lab $build/amx_lab"
+# The dense linear lab links the library itself (it times ops::linear's plain loop as "before").
+g++ -std=c++20 -O2 -fopenmp -I"$root/include" -I"$root/src" "$root/lab/cpu/dense_linear_lab.cpp" \
+  -L"$build" -lmoex -Wl,-rpath,"$build" -o "$build/dense_linear_lab"
+echo "$build/experts_lab $build/amx_lab $build/dense_linear_lab"

@@ -127,9 +127,11 @@ class DeepseekV3LM final : public DecoderLM {
       }
       a.kv_a_proj = load_linear(ckpt, ap + "kv_a_proj_with_mqa", kv_lora_ + rope_dim_, H, dt, attn_bias, dev);
       a.kv_a_norm = load_vector(ckpt, ap + "kv_a_layernorm.weight", kv_lora_, dt, dev);
-      a.kv_b_proj = load_linear(ckpt, ap + "kv_b_proj", heads_ * (nope_ + v_dim_), kv_lora_, dt, false, dev);
-      a.w_uk = {a.kv_b_proj.weight, heads_, nope_ + v_dim_, 0, nope_};
-      a.w_uv = {a.kv_b_proj.weight, heads_, nope_ + v_dim_, nope_, v_dim_};
+      // The absorbed decode reads kv_b_proj per head (ops::linear_per_group): keep its tensor.
+      a.kv_b_proj = load_linear(ckpt, ap + "kv_b_proj", heads_ * (nope_ + v_dim_), kv_lora_, dt, false, dev,
+                                /*keep_tensor=*/true);
+      a.w_uk = {a.kv_b_proj.weight.tensor, heads_, nope_ + v_dim_, 0, nope_};
+      a.w_uv = {a.kv_b_proj.weight.tensor, heads_, nope_ + v_dim_, nope_, v_dim_};
       a.o_proj = load_linear(ckpt, ap + "o_proj", H, heads_ * v_dim_, dt, attn_bias, dev);
       L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, dt, dev);
       L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, dt, dev);

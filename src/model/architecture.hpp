@@ -117,7 +117,8 @@ class DecoderLM : public CausalLM {
  private:
   DecoderConfig cfg_;
   std::string prefix_;
-  Tensor embed_, final_norm_, lm_head_;
+  Tensor embed_, final_norm_;
+  ops::LinearWeight lm_head_;  // prepared once (packed on the host)
 };
 
 // Device / dtype checks shared by the factories: float32 or bfloat16 on the CPU or CUDA (where only

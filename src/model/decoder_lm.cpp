@@ -126,13 +126,17 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
   }
   embed_ = ckpt.get(prefix_ + "embed_tokens.weight", {cfg_.vocab_size, cfg_.hidden_size}, dt).to(dev);
   final_norm_ = ckpt.get(prefix_ + "norm.weight", {cfg_.hidden_size}, dt).to(dev);
+  Tensor head;
   if (ckpt.has("lm_head.weight"))
-    lm_head_ = ckpt.get("lm_head.weight", {cfg_.vocab_size, cfg_.hidden_size}, dt).to(dev);
+    head = ckpt.get("lm_head.weight", {cfg_.vocab_size, cfg_.hidden_size}, dt).to(dev);
   else if (cfg_.tie_word_embeddings || top.value("tie_word_embeddings", false))
-    lm_head_ = embed_;
+    head = embed_;
   else
-    lm_head_ = ckpt.get("lm_head.weight");  // throws "missing tensor 'lm_head.weight' in DIR"
-  if (lm_head_.raw() != embed_.raw()) info_.embedding_bytes = int64_t(embed_.nbytes());
+    head = ckpt.get("lm_head.weight");  // throws "missing tensor 'lm_head.weight' in DIR"
+  if (head.raw() != embed_.raw()) info_.embedding_bytes = int64_t(embed_.nbytes());
+  // A tied head shares the table embedding() reads: preparing it keeps the table (embed_ holds
+  // it; a mapped table only gives its resident pages back).
+  lm_head_ = ops::prepare_linear(head);
 
   // Stop tokens: generation_config.json first, then config.json (int or list; null = none).
   auto read_eos = [](const nlohmann::json& j, std::vector<int64_t>& out) {

@@ -15,9 +15,9 @@ namespace moex::model {
 // ---- linear ----
 
 Linear load_linear(const Checkpoint& ckpt, const std::string& name, int64_t out, int64_t in,
-                   DType dtype, bool bias, Device device) {
+                   DType dtype, bool bias, Device device, bool keep_tensor) {
   Linear l;
-  l.weight = ckpt.get(name + ".weight", {out, in}, dtype).to(device);
+  l.weight = ops::prepare_linear(ckpt.get(name + ".weight", {out, in}, dtype).to(device), keep_tensor);
   // Biases hold `dtype` values (rounded like the weights): float32 on the host (the host ops'
   // activation storage), `dtype` on a device (what the cuBLASLt epilogue adds).
   if (bias) {

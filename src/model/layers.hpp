@@ -34,16 +34,18 @@ struct KVCache : ops::KVCache {
 // ---- linear layers ----
 
 struct Linear {
-  Tensor weight;  // [out, in], any float dtype
+  ops::LinearWeight weight;  // [out, in], prepared for its device (ops::prepare_linear)
   Tensor bias;    // [out] holding `dtype` values (host: float32; CUDA: `dtype`), or undefined
-  int64_t out_features() const { return weight.size(0); }
-  int64_t in_features() const { return weight.size(1); }
+  int64_t out_features() const { return weight.out; }
+  int64_t in_features() const { return weight.in; }
 };
 // Loads `<name>.weight` [out, in] (+ `<name>.bias` [out] when `bias`) converted to `dtype`,
-// onto `device` (the host keeps the memory-mapped or converted tensor; a CUDA device gets its
-// own copy and the host's is dropped).
+// onto `device`, and prepares it there (ops::prepare_linear: packed on the host, the tensor
+// itself on a CUDA device, whose copy replaces the host's). keep_tensor: weight.tensor stays
+// defined on the host too (for callers that also read the unpacked weight).
 Linear load_linear(const Checkpoint& ckpt, const std::string& name, int64_t out, int64_t in,
-                   DType dtype, bool bias = false, Device device = Device::cpu());
+                   DType dtype, bool bias = false, Device device = Device::cpu(),
+                   bool keep_tensor = false);
 // ops::linear with the layer's weight and bias.
 inline Tensor linear(const Tensor& x, const Linear& l, DType act) {
   return ops::linear(x, l.weight, l.bias, act);

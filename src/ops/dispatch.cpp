@@ -100,6 +100,23 @@ void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const 
   dispatch("rope", x.device(), [&] { cpu::rope_(x, heads, head_stride, offset, rope, layout, step, act); }, MOEX_OPS_DEVICE(rope_(x, heads, head_stride, offset, rope, layout, step, act)));
 }
 
+LinearWeight prepare_linear(const Tensor& weight, bool keep_tensor) {
+  if (weight.device().is_cuda()) {
+    LinearWeight w;
+    w.tensor = weight;
+    w.out = weight.size(0);
+    w.in = weight.size(1);
+    w.dtype = weight.dtype();
+    return w;
+  }
+  return cpu::prepare_linear(weight, keep_tensor);
+}
+
+Tensor linear(const Tensor& x, const LinearWeight& weight, const Tensor& bias, DType act) {
+  return dispatch("linear", x.device(), [&] { return cpu::linear(x, weight, bias, act); },
+                  MOEX_OPS_DEVICE(linear(x, weight.tensor, bias, act)));
+}
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act) {
   return dispatch("linear", x.device(), [&] { return cpu::linear(x, weight, bias, act); }, MOEX_OPS_DEVICE(linear(x, weight, bias, act)));
 }

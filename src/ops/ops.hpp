@@ -18,17 +18,23 @@
 //   weights) are float32 on every device. Ops accept either storage dtype as input. Sums, statistics and
 //   softmaxes accumulate in float32 (some in double where noted), in a fixed order, so results
 //   do not depend on the thread count.
-// - Weights are tensors of any float dtype ([out, in] for linears), read in place.
+// - Weights are tensors of any float dtype, read in place; a linear's weight [out, in] is
+//   prepared once for its device instead (LinearWeight, prepare_linear).
 // - Ops named with a trailing underscore work in place (torch's convention).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "moex/dtype.hpp"
 #include "moex/experts.hpp"
 #include "moex/tensor.hpp"
+
+namespace moex::cpu {
+class DenseLinear;  // src/cpu/dense_linear.hpp
+}  // namespace moex::cpu
 
 namespace moex::ops {
 
@@ -180,9 +186,31 @@ void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const 
 
 // ---- linear ----
 
+// A linear's weight [out, in] prepared for its device once, at load time (prepare_linear):
+// - host: packed for the CPU engine's micro-kernels (src/cpu/dense_linear.hpp: bf16 in the
+//   pair layout, fp32 and fp16 in fp32 panels); `tensor` is kept only when it is a view of the
+//   file mapping (its pages released: read back from the file if something touches it, e.g.
+//   the embedding lookup of a tied lm_head) or when the caller asks to keep it;
+// - CUDA: the tensor itself (cuBLASLt reads it in place), nothing packed.
+struct LinearWeight {
+  Tensor tensor;  // [out, in] as loaded, or undefined (host, packed and not kept)
+  std::shared_ptr<const cpu::DenseLinear> packed;  // host only; null: `tensor` is read in place
+  int64_t out = 0, in = 0;
+  DType dtype = DType::kF32;  // the loaded tensor's dtype
+  int64_t out_features() const { return out; }
+  int64_t in_features() const { return in; }
+};
+// Prepares `weight` [out, in] (any float dtype) on its own device. keep_tensor: the result keeps
+// the tensor even when it is an owned host copy (callers that also read it, e.g. DeepSeek's
+// per-group kv_b_proj). Host weights of a dtype the engine does not pack keep their tensor.
+LinearWeight prepare_linear(const Tensor& weight, bool keep_tensor = false);
+
 // y = x W^T + b: x [rows, in] float32, W [out, in] any float dtype, b [out] float32 or
 // undefined; float32 accumulation, rounded once to act. -> [rows, out]. Also the lm_head (no
-// bias; logits hold act values).
+// bias; logits hold act values). Each row's result depends on that row only (not on the other
+// rows of the call, nor on the thread count).
+Tensor linear(const Tensor& x, const LinearWeight& weight, const Tensor& bias, DType act);
+// The same with an unprepared weight, read in place (tests, one-off calls; slower on the host).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act);
 
 // Per-group weight blocks read in place from one weight tensor [groups * group_rows, in]: group

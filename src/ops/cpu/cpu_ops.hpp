@@ -53,6 +53,8 @@ void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const 
            RopeLayout layout, const Step& step, DType act);
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act);
+LinearWeight prepare_linear(const Tensor& weight, bool keep_tensor);
+Tensor linear(const Tensor& x, const LinearWeight& weight, const Tensor& bias, DType act);
 Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_weight, DType act);
 
 Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const AttentionSpec& spec, DType act);

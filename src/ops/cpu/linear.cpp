@@ -1,11 +1,35 @@
-// The dense projection y = x W^T + b and its per-group form (see ops.hpp). Kept as plain loops on
-// purpose: moving them onto the CPU matrix engine is separate work with its own measurements.
+// The dense projection y = x W^T + b and its per-group form (see ops.hpp). Prepared weights
+// run on the CPU engine's micro-kernels (src/cpu/dense_linear.hpp); the plain loops below serve
+// unprepared weights, weights of a dtype the engine does not pack, and the per-group form.
 #include <algorithm>
 #include <vector>
 
+#include "cpu/dense_linear.hpp"
 #include "ops/cpu/cpu_ops.hpp"
 
 namespace moex::ops::cpu {
+
+LinearWeight prepare_linear(const Tensor& weight, bool keep_tensor) {
+  LinearWeight w;
+  w.out = weight.size(0);
+  w.in = weight.size(1);
+  w.dtype = weight.dtype();
+  w.tensor = weight;
+  if (!moex::cpu::DenseLinear::packable(weight.dtype())) return w;
+  w.packed = moex::cpu::DenseLinear::pack(weight);
+  // One copy of the weights: a view of the file mapping stays mapped (others may read it, e.g.
+  // the embedding lookup of a tied lm_head) but gives its resident pages back; an owned copy
+  // (converted at load) is dropped unless the caller still reads it.
+  const bool mapped = weight.storage() && weight.storage()->file_mapped();
+  if (mapped) weight.release_file_pages();
+  else if (!keep_tensor) w.tensor = Tensor();
+  return w;
+}
+
+Tensor linear(const Tensor& x, const LinearWeight& weight, const Tensor& bias, DType act) {
+  if (weight.packed) return weight.packed->run(x, bias, act);
+  return linear(x, weight.tensor, bias, act);
+}
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act) {
   const int64_t rows = x.size(0), in = weight.size(1), out = weight.size(0);
