@@ -259,11 +259,17 @@ TEST(CpuAttentionKernels, Avx512AgreesWithPortable) {
         EXPECT_EQ(pa, pb) << "exp differs from std::exp, nk " << nk;  // both correctly rounded
         EXPECT_NEAR(da, db, 1e-12 * da);
       }
+      // Values are the keys; rows of p are the scores rows, several per call.
       const int64_t dv = dk;
-      std::vector<float> acc_a(size_t(dv), 0.5f), acc_b(acc_a);
-      a.pv(sa.data(), nk, k.data(), stride, dv, acc_a.data());
-      b.pv(sa.data(), nk, k.data(), stride, dv, acc_b.data());
-      for (int64_t i = 0; i < dv; ++i) ASSERT_NEAR(acc_a[size_t(i)], acc_b[size_t(i)], 1e-6 * nk * (1 + std::abs(acc_b[size_t(i)]))) << i;
+      std::vector<float> acc_a(size_t(rows * dv), 0.5f), acc_b(acc_a);
+      a.pv(sa.data(), cpu::kKeyBlock, rows, nk, k.data(), stride, dv, acc_a.data(), dv);
+      b.pv(sa.data(), cpu::kKeyBlock, rows, nk, k.data(), stride, dv, acc_b.data(), dv);
+      for (size_t i = 0; i < acc_a.size(); ++i)
+        ASSERT_NEAR(acc_a[i], acc_b[i], 1e-6 * nk * (1 + std::abs(acc_b[i]))) << i;
+      // A row's sums do not depend on the rows it shares a call with.
+      std::vector<float> acc_one(size_t(dv), 0.5f);
+      a.pv(sa.data() + 3 * cpu::kKeyBlock, cpu::kKeyBlock, 1, nk, k.data(), stride, dv, acc_one.data(), dv);
+      ASSERT_TRUE(std::equal(acc_one.begin(), acc_one.end(), acc_a.begin() + 3 * dv));
     }
 }
 

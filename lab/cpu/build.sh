@@ -1,6 +1,6 @@
 #!/bin/sh
 # Builds the CPU kernel labs against the objects of a CPU build directory (default build-cpu:
-# `ninja -C build-cpu moex` first; only src/core and src/cpu objects are needed); amx_lab is
+# `ninja -C build-cpu moex` first; experts_lab needs only the src/core and src/cpu objects); amx_lab is
 # standalone.
 set -e
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -9,4 +9,7 @@ objs=$(find "$build/CMakeFiles/moex.dir/src/core" "$build/CMakeFiles/moex.dir/sr
 g++ -std=c++20 -O2 -fopenmp -I"$root/include" -I"$root/src" "$root/lab/cpu/experts_lab.cpp" $objs \
   -o "$build/experts_lab"
 g++ -std=c++20 -O2 "$root/lab/cpu/amx_lab.cpp" -o "$build/amx_lab"  # standalone, no engine objects
-echo "$build/experts_lab $build/amx_lab"
+# The attention lab calls host ops (src/ops/cpu): links the library itself.
+g++ -std=c++20 -O2 -fopenmp -I"$root/include" -I"$root/src" "$root/lab/cpu/attention_cpu_lab.cpp" \
+  -L"$build" -lmoex -Wl,-rpath,"$build" -o "$build/attention_cpu_lab"
+echo "$build/experts_lab $build/amx_lab $build/attention_cpu_lab"

@@ -17,6 +17,7 @@
 //     (few rows, long caches); prefill tiles add them as they go: the same sums either way.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "ops/cpu/attention_eager.hpp"
@@ -28,8 +29,8 @@ namespace {
 
 constexpr int64_t kChunkKeys = 512;  // keys per p.v partial sum; a multiple of kKeyBlock
 // Prefill tile: about this many query rows (tokens x group heads). The scores of a tile take
-// rows x visible keys floats; 48 rows over 2048 keys is 384 KiB, inside L2.
-constexpr int64_t kTileRows = 48;
+// rows x visible keys floats; 64 rows over 2048 keys is 512 KiB, inside L2.
+constexpr int64_t kTileRows = 64;
 // Steps with at most this many tokens split each (sequence, kv head) by key chunks instead.
 constexpr int64_t kSplitMaxTokens = 4;
 
@@ -84,16 +85,26 @@ void fill_tile(Tile& t, const Geometry& g, const Step& step, const AttentionSpec
 const float* keys_of(const Geometry& g, const Tile& t) { return g.k + t.b * g.cap * g.kd + t.g * g.dk; }
 const float* values_of(const Geometry& g, const Tile& t) { return g.v + t.b * g.cap * g.vd + t.g * g.v_head; }
 
-// Scores of every row of the tile against cache columns [k0, k1) (whole key blocks from kstart).
+// Whether row r reads any of the cache columns [k0, k1).
+bool reads(const Row& r, int64_t k0, int64_t k1) { return r.n > 0 && r.first < k1 && r.first + r.n > k0; }
+
+// Scores of the tile's rows against cache columns [k0, k1) (whole key blocks from kstart). Per
+// block, only the run of rows that read it (the rows' ranges move right with the token) is
+// computed: a causal tile skips its upper triangle, a windowed one its lower.
 void tile_scores(const AttentionKernels& kern, const Geometry& g, const Tile& t, int64_t k0, int64_t k1,
                  std::vector<const float*>& qp, float* kt, float* s) {
   qp.clear();
   for (const Row& r : t.rows) qp.push_back(r.q);
   const float* keys = keys_of(g, t);
-  const int64_t stride = t.s_stride();
+  const int64_t stride = t.s_stride(), nr = int64_t(t.rows.size());
   for (int64_t c = k0; c < k1; c += kKeyBlock) {
-    kern.pack_keys(keys + c * g.kd, g.kd, std::min(kKeyBlock, k1 - c), g.dk, kt);
-    kern.scores(qp.data(), int64_t(qp.size()), kt, g.dk, g.scale, s + (c - t.kstart), stride);
+    const int64_t nk = std::min(kKeyBlock, k1 - c);
+    int64_t i0 = 0, i1 = nr;
+    while (i0 < nr && !reads(t.rows[size_t(i0)], c, c + nk)) ++i0;
+    while (i1 > i0 && !reads(t.rows[size_t(i1 - 1)], c, c + nk)) --i1;
+    if (i0 == i1) continue;
+    kern.pack_keys(keys + c * g.kd, g.kd, nk, g.dk, kt);
+    kern.scores(qp.data() + i0, i1 - i0, kt, g.dk, g.scale, s + i0 * stride + (c - t.kstart), stride);
   }
 }
 
@@ -107,20 +118,28 @@ double row_softmax(const AttentionKernels& kern, const Geometry& g, const Tile& 
 }
 
 // p.v of every row over its chunk-c columns that fall in [k0, k1), added to acc (row i at
-// acc + i * dv) in key order, one value block at a time.
+// acc + i * dv) in key order, one value block at a time; consecutive rows with the same columns
+// in a block share one kernel call (and the values it loads).
 void tile_pv(const AttentionKernels& kern, const Geometry& g, const Tile& t, int64_t c, int64_t k0,
              int64_t k1, const float* p, float* acc) {
   const float* vals = values_of(g, t);
-  const int64_t stride = t.s_stride();
+  const int64_t stride = t.s_stride(), nr = int64_t(t.rows.size());
+  auto segment = [&](int64_t i, int64_t b0, int64_t b1) {
+    const Row& r = t.rows[size_t(i)];
+    const int64_t lo = std::max({b0, r.first + c * kChunkKeys, r.first});
+    const int64_t hi = std::min({b1, r.first + (c + 1) * kChunkKeys, r.first + r.n});
+    return std::pair<int64_t, int64_t>{lo, hi};
+  };
   for (int64_t b0 = k0; b0 < k1; b0 += kKeyBlock) {
     const int64_t b1 = std::min(b0 + kKeyBlock, k1);
-    for (size_t i = 0; i < t.rows.size(); ++i) {
-      const Row& r = t.rows[i];
-      const int64_t lo = std::max({b0, r.first + c * kChunkKeys, r.first});
-      const int64_t hi = std::min({b1, r.first + (c + 1) * kChunkKeys, r.first + r.n});
+    for (int64_t i = 0; i < nr;) {
+      const auto [lo, hi] = segment(i, b0, b1);
+      int64_t e = i + 1;
+      while (e < nr && segment(e, b0, b1) == std::pair<int64_t, int64_t>{lo, hi}) ++e;
       if (lo < hi)
-        kern.pv(p + int64_t(i) * stride + (lo - t.kstart), hi - lo, vals + lo * g.vd, g.vd, g.dv,
-                acc + int64_t(i) * g.dv);
+        kern.pv(p + i * stride + (lo - t.kstart), stride, e - i, hi - lo, vals + lo * g.vd, g.vd, g.dv,
+                acc + i * g.dv, g.dv);
+      i = e;
     }
   }
 }

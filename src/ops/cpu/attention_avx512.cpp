@@ -159,38 +159,48 @@ double softmax(float* s, int64_t n, float init_max, bool bf16, float* max_out) {
   return _mm_cvtsd_f64(_mm_add_sd(t2, _mm_unpackhi_pd(t2, t2)));
 }
 
-// NV vectors (the last one `tail` lanes wide) of the accumulator stay in registers over all keys.
-template <int NV>
-void pv_piece(const float* p, int64_t n, const float* v, int64_t stride, __mmask16 tail, float* acc) {
-  __m512 a[NV];
-  for (int i = 0; i < NV; ++i) a[i] = _mm512_maskz_loadu_ps(i + 1 < NV ? __mmask16(0xffff) : tail, acc + 16 * i);
+// NR rows x 64 columns of the accumulators stay in registers over all keys: per key, 4 value
+// loads and NR broadcasts feed 4 * NR independent FMA chains (one row alone would leave the FMA
+// latency exposed and load the values once per row).
+template <int NR>
+void pv_rows(const float* p, int64_t p_stride, int64_t n, const float* v, int64_t stride,
+             const __mmask16 mask[4], float* acc, int64_t acc_stride) {
+  __m512 a[NR][4];
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < 4; ++i) a[r][i] = _mm512_maskz_loadu_ps(mask[i], acc + r * acc_stride + 16 * i);
   for (int64_t j = 0; j < n; ++j) {
-    const __m512 w = _mm512_set1_ps(p[j]);
     const float* vj = v + j * stride;
-    for (int i = 0; i + 1 < NV; ++i) a[i] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 16 * i), a[i]);
-    a[NV - 1] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(tail, vj + 16 * (NV - 1)), a[NV - 1]);
+    const __m512 v0 = _mm512_maskz_loadu_ps(mask[0], vj), v1 = _mm512_maskz_loadu_ps(mask[1], vj + 16),
+                 v2 = _mm512_maskz_loadu_ps(mask[2], vj + 32), v3 = _mm512_maskz_loadu_ps(mask[3], vj + 48);
+    for (int r = 0; r < NR; ++r) {
+      const __m512 w = _mm512_set1_ps(p[r * p_stride + j]);
+      a[r][0] = _mm512_fmadd_ps(w, v0, a[r][0]);
+      a[r][1] = _mm512_fmadd_ps(w, v1, a[r][1]);
+      a[r][2] = _mm512_fmadd_ps(w, v2, a[r][2]);
+      a[r][3] = _mm512_fmadd_ps(w, v3, a[r][3]);
+    }
   }
-  for (int i = 0; i + 1 < NV; ++i) _mm512_storeu_ps(acc + 16 * i, a[i]);
-  _mm512_mask_storeu_ps(acc + 16 * (NV - 1), tail, a[NV - 1]);
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < 4; ++i) _mm512_mask_storeu_ps(acc + r * acc_stride + 16 * i, mask[i], a[r][i]);
 }
 
-void pv(const float* p, int64_t n, const float* v, int64_t stride, int64_t dv, float* acc) {
-  // Pieces of up to 8 vectors (128 columns): 8 accumulators, one broadcast and 8 loads per key.
-  for (int64_t i0 = 0; i0 < dv; i0 += 128) {
-    const int64_t w = std::min<int64_t>(128, dv - i0);
-    const int nv = int((w + 15) / 16);
-    const __mmask16 tail = first_lanes(w - 16 * (nv - 1));
-    const float* vi = v + i0;
-    float* ai = acc + i0;
-    switch (nv) {
-      case 1: pv_piece<1>(p, n, vi, stride, tail, ai); break;
-      case 2: pv_piece<2>(p, n, vi, stride, tail, ai); break;
-      case 3: pv_piece<3>(p, n, vi, stride, tail, ai); break;
-      case 4: pv_piece<4>(p, n, vi, stride, tail, ai); break;
-      case 5: pv_piece<5>(p, n, vi, stride, tail, ai); break;
-      case 6: pv_piece<6>(p, n, vi, stride, tail, ai); break;
-      case 7: pv_piece<7>(p, n, vi, stride, tail, ai); break;
-      default: pv_piece<8>(p, n, vi, stride, tail, ai); break;
+void pv(const float* p, int64_t p_stride, int64_t rows, int64_t n, const float* v, int64_t stride,
+        int64_t dv, float* acc, int64_t acc_stride) {
+  for (int64_t i0 = 0; i0 < dv; i0 += 64) {
+    __mmask16 mask[4];
+    for (int i = 0; i < 4; ++i) mask[i] = dv - i0 - 16 * i <= 0 ? __mmask16(0) : first_lanes(dv - i0 - 16 * i);
+    int64_t r = 0;
+    for (; r + 6 <= rows; r += 6)
+      pv_rows<6>(p + r * p_stride, p_stride, n, v + i0, stride, mask, acc + r * acc_stride + i0, acc_stride);
+    const float* pr = p + r * p_stride;
+    float* ar = acc + r * acc_stride + i0;
+    switch (rows - r) {
+      case 5: pv_rows<5>(pr, p_stride, n, v + i0, stride, mask, ar, acc_stride); break;
+      case 4: pv_rows<4>(pr, p_stride, n, v + i0, stride, mask, ar, acc_stride); break;
+      case 3: pv_rows<3>(pr, p_stride, n, v + i0, stride, mask, ar, acc_stride); break;
+      case 2: pv_rows<2>(pr, p_stride, n, v + i0, stride, mask, ar, acc_stride); break;
+      case 1: pv_rows<1>(pr, p_stride, n, v + i0, stride, mask, ar, acc_stride); break;
+      default: break;
     }
   }
 }

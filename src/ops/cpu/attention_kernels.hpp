@@ -25,8 +25,11 @@ struct AttentionKernels {
   // to bf16 when `bf16`). Returns the sum of the unrounded e_j in double, accumulated in 16 lanes
   // (lane j mod 16) and combined by a fixed tree; *max_out = m.
   double (*softmax)(float* s, int64_t n, float init_max, bool bf16, float* max_out);
-  // acc[i] += sum over j ascending of p[j] * v[j * stride + i], i < dv.
-  void (*pv)(const float* p, int64_t n, const float* v, int64_t stride, int64_t dv, float* acc);
+  // For each of `rows` rows r (p_r = p + r * p_stride, acc_r = acc + r * acc_stride):
+  // acc_r[i] += sum over j ascending of p_r[j] * v[j * stride + i], i < dv. Rows share the values
+  // they read; each row's sums are those of a call for that row alone.
+  void (*pv)(const float* p, int64_t p_stride, int64_t rows, int64_t n, const float* v, int64_t stride,
+             int64_t dv, float* acc, int64_t acc_stride);
 };
 
 const AttentionKernels& attention_kernels_portable();

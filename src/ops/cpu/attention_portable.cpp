@@ -46,12 +46,15 @@ double softmax(float* s, int64_t n, float init_max, bool bf16, float* max_out) {
   return lanes[0];
 }
 
-void pv(const float* p, int64_t n, const float* v, int64_t stride, int64_t dv, float* acc) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float w = p[j];
-    const float* vj = v + j * stride;
-    for (int64_t i = 0; i < dv; ++i) acc[i] += w * vj[i];
-  }
+void pv(const float* p, int64_t p_stride, int64_t rows, int64_t n, const float* v, int64_t stride,
+        int64_t dv, float* acc, int64_t acc_stride) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      const float w = p[r * p_stride + j];
+      const float* vj = v + j * stride;
+      float* a = acc + r * acc_stride;
+      for (int64_t i = 0; i < dv; ++i) a[i] += w * vj[i];
+    }
 }
 
 }  // namespace
