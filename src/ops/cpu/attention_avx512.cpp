@@ -45,10 +45,15 @@ void transpose16(__m512 r[16]) {
   }
 }
 
+// Key rows lie a whole cache row apart (kv_heads * head_dim_k floats), too many concurrent
+// streams for the hardware prefetcher when a decode step reads them from DRAM: each 16-key
+// tile asks for the next one's rows while it transposes its own.
 void pack_keys(const float* k, int64_t stride, int64_t nk, int64_t dk, float* kt) {
-  int64_t d0 = 0;
-  for (; d0 + 16 <= dk; d0 += 16) {
-    for (int64_t j0 = 0; j0 < kKeyBlock; j0 += 16) {
+  const int64_t d16 = dk / 16 * 16;
+  for (int64_t j0 = 0; j0 < kKeyBlock; j0 += 16) {
+    for (int64_t j = j0 + 16; j < std::min(nk, j0 + 32); ++j)
+      for (int64_t d = 0; d < dk; d += 16) _mm_prefetch(reinterpret_cast<const char*>(k + j * stride + d), _MM_HINT_T0);
+    for (int64_t d0 = 0; d0 < d16; d0 += 16) {
       __m512 r[16];
       for (int64_t j = 0; j < 16; ++j)
         r[j] = j0 + j < nk ? _mm512_loadu_ps(k + (j0 + j) * stride + d0) : _mm512_setzero_ps();
@@ -56,7 +61,7 @@ void pack_keys(const float* k, int64_t stride, int64_t nk, int64_t dk, float* kt
       for (int64_t d = 0; d < 16; ++d) _mm512_storeu_ps(kt + (d0 + d) * kKeyBlock + j0, r[d]);
     }
   }
-  for (; d0 < dk; ++d0) {
+  for (int64_t d0 = d16; d0 < dk; ++d0) {
     float* row = kt + d0 * kKeyBlock;
     for (int64_t j = 0; j < nk; ++j) row[j] = k[j * stride + d0];
     std::fill(row + nk, row + kKeyBlock, 0.0f);
@@ -170,6 +175,9 @@ void pv_rows(const float* p, int64_t p_stride, int64_t n, const float* v, int64_
     for (int i = 0; i < 4; ++i) a[r][i] = _mm512_maskz_loadu_ps(mask[i], acc + r * acc_stride + 16 * i);
   for (int64_t j = 0; j < n; ++j) {
     const float* vj = v + j * stride;
+    // Value rows are strided like the keys (see pack_keys); 8 keys ahead covers DRAM latency.
+    if (j + 8 < n)
+      for (int i = 0; i < 4; ++i) _mm_prefetch(reinterpret_cast<const char*>(vj + 8 * stride + 16 * i), _MM_HINT_T0);
     const __m512 v0 = _mm512_maskz_loadu_ps(mask[0], vj), v1 = _mm512_maskz_loadu_ps(mask[1], vj + 16),
                  v2 = _mm512_maskz_loadu_ps(mask[2], vj + 32), v3 = _mm512_maskz_loadu_ps(mask[3], vj + 48);
     for (int r = 0; r < NR; ++r) {
