@@ -13,6 +13,13 @@
 #include "cpu/kernels/target.hpp"
 #include "ops/cpu/attention_kernels.hpp"
 
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12's AVX-512 headers pass _mm512_undefined_*() values as ignored sources of unmasked
+// intrinsics and then warn about them (GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
 MOEX_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,fma")
 
 namespace moex::ops::cpu {
