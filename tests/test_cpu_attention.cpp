@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -35,6 +36,9 @@ std::string case_str(const Case& c) {
          std::to_string(c.window) + (c.sinks ? " sinks" : "") + (c.padded ? " padded" : "") +
          (c.bf16 ? " bf16" : " f32");
 }
+
+// gtest would otherwise print the struct's bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << case_str(c); }
 
 std::vector<float> uniform(int64_t n, std::mt19937& rng, float a, bool bf16) {
   std::uniform_real_distribution<float> u(-a, a);
@@ -175,11 +179,13 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& i) { return "case" + std::to_string(i.index); });
 
 // A real row of a left-padded batch computes what its sequence computes alone, bit for bit:
-// prefill tiles and decode chunks are anchored at the row's first visible key.
+// prefill tiles and decode chunks are anchored at the row's first visible key. The decode steps
+// also cross the two decode schedules: the batch (12 sequence x kv head pairs) runs whole pairs
+// per thread, a sequence alone (4 pairs) splits them by key chunks.
 TEST(CpuAttentionPadding, PaddedRowsMatchTheSequenceAlone) {
   for (const int64_t window : {int64_t(0), int64_t(7)})
     for (const auto& [tokens, past] : {std::pair<int64_t, int64_t>{600, 0}, {1, 1100}, {3, 700}, {130, 5}}) {
-      Case c{6, 2, 80, 80, false, 3, tokens, past, window, true, true, true};
+      Case c{8, 4, 80, 80, false, 3, tokens, past, window, true, true, true};
       const Problem batch = make_problem(c, 99);
       const std::vector<float> got = run(batch, true);
       const int64_t cols = past + tokens, od = c.heads * c.dv;

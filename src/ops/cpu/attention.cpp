@@ -31,8 +31,12 @@ constexpr int64_t kChunkKeys = 512;  // keys per p.v partial sum; a multiple of 
 // Prefill tile: about this many query rows (tokens x group heads). The scores of a tile take
 // rows x visible keys floats; 64 rows over 2048 keys is 512 KiB, inside L2.
 constexpr int64_t kTileRows = 64;
-// Steps with at most this many tokens split each (sequence, kv head) by key chunks instead.
+// Steps with at most this many tokens and fewer than kSplitMaxPairs (sequence, kv head) pairs
+// split each pair by key chunks across threads; with more pairs, whole pairs keep the threads
+// busy and the split's three extra barriers only cost (a descheduled thread on a shared machine
+// holds each one for a time slice). Either way the sums are the same.
 constexpr int64_t kSplitMaxTokens = 4;
+constexpr int64_t kSplitMaxPairs = 8;
 
 struct Geometry {
   const float *q, *k, *v;
@@ -214,8 +218,8 @@ void attention_prefill(const AttentionKernels& kern, const Geometry& g, const St
   }
 }
 
-// Decode: every (sequence, kv head) is one tile of all the step's tokens; scores and p.v are split
-// by key chunks across threads, the p.v chunks added in order at the end.
+// Decode with few (sequence, kv head) pairs: every pair is one tile of all the step's tokens;
+// scores and p.v are split by key chunks across threads, the p.v chunks added in order at the end.
 void attention_decode(const AttentionKernels& kern, const Geometry& g, const Step& step,
                       const AttentionSpec& spec, const std::vector<float>& sinks, DType act,
                       bool parallel) {
@@ -305,7 +309,7 @@ Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const Att
   if (spec.sinks.defined()) sinks = spec.sinks.to_float_vector();
   const int64_t work = step.rows() * spec.heads * (step.past + step.tokens) * (spec.head_dim_k + spec.head_dim_v);
   const AttentionKernels& kern = attention_kernels();
-  if (step.tokens <= kSplitMaxTokens)
+  if (step.tokens <= kSplitMaxTokens && step.batch * spec.kv_heads < kSplitMaxPairs)
     attention_decode(kern, g, step, spec, sinks, act, work >= kParallelWork);
   else
     attention_prefill(kern, g, step, spec, sinks, act, work >= kParallelWork);
