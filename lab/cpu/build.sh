@@ -1,7 +1,7 @@
 #!/bin/sh
 # Builds the CPU kernel labs against the objects of a CPU build directory (default build-cpu:
-# `ninja -C build-cpu moex` first; only src/core and src/cpu objects are needed); amx_lab is
-# standalone; dense_linear_lab links libmoex.so of that directory.
+# `ninja -C build-cpu moex` first; experts_lab needs only the src/core and src/cpu objects); amx_lab is
+# standalone; dense_linear_lab and attention_cpu_lab link libmoex.so of that directory.
 set -e
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build-cpu}
@@ -12,4 +12,7 @@ g++ -std=c++20 -O2 "$root/lab/cpu/amx_lab.cpp" -o "$build/amx_lab"  # standalone
 # The dense linear lab links the library itself (it times ops::linear's plain loop as "before").
 g++ -std=c++20 -O2 -fopenmp -I"$root/include" -I"$root/src" "$root/lab/cpu/dense_linear_lab.cpp" \
   -L"$build" -lmoex -Wl,-rpath,"$build" -o "$build/dense_linear_lab"
-echo "$build/experts_lab $build/amx_lab $build/dense_linear_lab"
+# The attention lab calls host ops (src/ops/cpu): links the library itself.
+g++ -std=c++20 -O2 -fopenmp -I"$root/include" -I"$root/src" "$root/lab/cpu/attention_cpu_lab.cpp" \
+  -L"$build" -lmoex -Wl,-rpath,"$build" -o "$build/attention_cpu_lab"
+echo "$build/experts_lab $build/amx_lab $build/dense_linear_lab $build/attention_cpu_lab"
