@@ -322,7 +322,7 @@ def main():
     ap.add_argument("--agree-tokens", type=int, default=32, help="greedy ids compared (<= --new-tokens)")
     ap.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, help="tokenizer.json saved with the checkpoints")
     ap.add_argument("--pre-tokenizer", default="qwen2", help="llama.cpp's name for that tokenizer's split")
-    ap.add_argument("--seed", type=int, default=0, help="of the prompt ids")
+    ap.add_argument("--seed", type=int, default=0, help="of the prompt ids (with the model's name)")
     ap.add_argument("--json-out", default="")
     a = ap.parse_args()
     if a.threads < 1 or a.prompt_tokens < 1 or a.new_tokens < 2 or a.repeats < 1:
@@ -357,7 +357,6 @@ def main():
     # moex for every model first, then llama.cpp for every model: one engine's pages (mapped
     # checkpoint, packed weights) are gone before the other starts, and each phase's numbers are
     # saved (--json-out) as soon as they exist.
-    rng = random.Random(a.seed)
     results = {}
     for model in models:
         key = checkpoint_key(model, a.layers, tokenizer_file=a.tokenizer)
@@ -365,6 +364,8 @@ def main():
                                tokenizer_file=a.tokenizer)
         with open(os.path.join(ckpt, "config.json")) as f:
             vocab = json.load(f)["vocab_size"]
+        # Seeded by (seed, model), so a model's prompt does not depend on which others run.
+        rng = random.Random("%d:%s" % (a.seed, model))
         ids = [rng.randrange(vocab) for _ in range(a.prompt_tokens)]
         res = dict(model=model, key=key, checkpoint=ckpt, prompt_ids=ids, prompt_ids_seed=a.seed)
         res["moex_bench"] = time_moex_bench(moex, ckpt, a.threads, a.prompt_tokens, a.new_tokens, a.repeats)
