@@ -2,8 +2,8 @@
 """End-to-end generation, moex against transformers, on the same checkpoint in the same run.
 
 For each model shape the script makes a random-weight checkpoint with transformers itself
-(save_pretrained: config.json + safetensors, the layout users download), unless --work already
-holds it, then measures per case (batch B, prompt length P):
+(hf_checkpoints.py: save_pretrained, the layout users download), unless --work already holds
+it, then measures per case (batch B, prompt length P):
   - transformers 5.x generate (dynamic cache, greedy, stop tokens off) with each experts
     implementation asked for: prefill tokens/s = B P / time of a 1-token generate, decode
     tokens/s = B (N - 1) / (time of an N-token generate - prefill time); median of --repeats
@@ -24,60 +24,8 @@ import subprocess
 import sys
 import time
 
-# Shapes of the public models (config fields as transformers names them); --layers overrides the
-# depth so that a shape fits the time at hand.
-MODELS = {
-    "qwen1.5-moe-a2.7b": ("qwen2_moe", dict(
-        vocab_size=151936, hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408,
-        shared_expert_intermediate_size=5632, num_hidden_layers=24, num_attention_heads=16,
-        num_key_value_heads=16, num_experts=60, num_experts_per_tok=4, norm_topk_prob=False,
-        max_position_embeddings=8192, rope_theta=1000000.0, rms_norm_eps=1e-6, qkv_bias=True,
-        decoder_sparse_step=1, tie_word_embeddings=False)),
-    "mixtral-8x7b": ("mixtral", dict(
-        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=8,
-        num_attention_heads=32, num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
-        max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-5,
-        tie_word_embeddings=False)),
-    "deepseek-v3": ("deepseek_v3", dict(
-        vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
-        num_hidden_layers=4, first_k_dense_replace=1, num_attention_heads=128,
-        num_key_value_heads=128, n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8,
-        n_group=8, topk_group=4, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
-        qk_rope_head_dim=64, v_head_dim=128, routed_scaling_factor=2.5, norm_topk_prob=True,
-        max_position_embeddings=8192, rms_norm_eps=1e-6, tie_word_embeddings=False)),
-    "gpt-oss-20b": ("gpt_oss", dict(
-        vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
-        num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32,
-        num_experts_per_tok=4, sliding_window=128, max_position_embeddings=8192,
-        rms_norm_eps=1e-5, tie_word_embeddings=False)),
-}
-
-
-def log(*a):
-    print("#", *a, file=sys.stderr, flush=True)
-
-
-def make_checkpoint(model, layers, path, torch, transformers):
-    if os.path.exists(os.path.join(path, "config.json")):
-        log("using", path)
-        return
-    model_type, fields = MODELS[model]
-    fields = dict(fields)
-    if layers:
-        fields["num_hidden_layers"] = layers
-    cfg = transformers.AutoConfig.for_model(model_type, **fields)
-    cfg.eos_token_id = None  # every row decodes all its tokens, in both engines
-    cfg.dtype = "bfloat16"
-    t0 = time.time()
-    torch.manual_seed(0)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    m.generation_config.eos_token_id = None
-    m.save_pretrained(path)
-    del m
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    log("made %s in %.0f s" % (path, time.time() - t0))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_checkpoints import log, make_checkpoint, resolve  # noqa: E402
 
 
 def time_transformers(path, impl, cases, new_tokens, repeats, torch, transformers):
@@ -216,6 +164,7 @@ def main():
     cases = [tuple(int(v) for v in c.split("x")) for c in a.cases.split(",")]
     all_rows = {}
     for model in a.models.split(","):
+        model = resolve(model)
         path = os.path.join(a.work, model + ("-%dl" % a.layers if a.layers else ""))
         make_checkpoint(model, a.layers, path, torch, transformers)
         rows = []

@@ -1,13 +1,16 @@
 // `moex bench experts` run as a user would (MOEX_CLI_PATH): it checks every backend before timing
 // it and refuses a wrong one (the test plugin examples/wrong_backend_plugin.cpp) with a non-zero
 // exit naming the failed check; rows it did not check say so ("unchecked", JSON null) instead of
-// showing an error of 0; --cpu-kernel runs grouped_mm on the named CPU kernel path. Plus the
-// public API it is built on (moex/bench.hpp): what is measured, and the errors.
+// showing an error of 0; --cpu-kernel runs grouped_mm on the named CPU kernel path. `moex bench
+// generate --device cpu` on a fixture checkpoint: every row's JSON fields present and consistent
+// (speeds, floors, the resident sets, load and preparation time), bad input refused with exit 2.
+// Plus the public API it is built on (moex/bench.hpp): what is measured, and the errors.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -139,6 +142,115 @@ TEST_F(CliBench, CpuKernelFlagRunsThatPath) {
     EXPECT_NE(r.err.find("cannot run"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find(name), std::string::npos) << r.err;
   }
+}
+
+// `bench generate` on the host, on the tiny qwen2_moe fixture (bf16, the dtype the CPU engine is
+// benchmarked in). Given ceilings keep the 1 GiB bandwidth pass out of all but one test.
+class CliBenchGenerate : public CliBench {
+ protected:
+  Result bench_generate(const std::string& args) {
+    return test::run_cli("bench generate --model " + test::data_path("hf-tiny/qwen2_moe/checkpoint_bf16") +
+                             " --device cpu " + args,
+                         tmp_);
+  }
+  static constexpr const char* kGiven = " --bandwidth-gbs 10 --peak-tflops 1";
+};
+
+TEST_F(CliBenchGenerate, CpuJsonRowsHaveEveryFieldAndTheyAgree) {
+  Result r = bench_generate(std::string("--cases 1x7,2x5 --new-tokens 4 --repeats 2 --json") + kGiven);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = lines(r.out);
+  ASSERT_EQ(rows.size(), 2u) << r.out;
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 7}, {2, 5}};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    auto j = nlohmann::json::parse(rows[i]);
+    SCOPED_TRACE(rows[i]);
+    EXPECT_EQ(j["batch"], shapes[i].first);
+    EXPECT_EQ(j["prompt_tokens"], shapes[i].second);
+    EXPECT_EQ(j["new_tokens"], 4);
+    EXPECT_EQ(j["repeats"], 2);
+    EXPECT_EQ(j["device"], "cpu");
+    EXPECT_EQ(j["dtype"], "bfloat16");
+    EXPECT_EQ(j["graph"], false);
+    for (const char* key : {"prefill_tokens_per_second", "decode_tokens_per_second", "ms_per_token",
+                            "time_to_first_token_ms", "decode_step_bytes", "decode_floor_ms",
+                            "decode_fraction_of_floor", "prefill_flops", "prefill_floor_ms",
+                            "prefill_fraction_of_floor", "load_seconds"}) {
+      ASSERT_TRUE(j[key].is_number()) << key;
+      EXPECT_GT(j[key].get<double>(), 0) << key;
+      EXPECT_TRUE(std::isfinite(j[key].get<double>())) << key;
+    }
+    ASSERT_TRUE(j["prepare_seconds"].is_number());
+    EXPECT_GE(j["prepare_seconds"].get<double>(), 0);
+    // The derived fields follow from the measured ones.
+    const double ms = j["ms_per_token"].get<double>();
+    EXPECT_NEAR(j["decode_tokens_per_second"].get<double>(), 1e3 * double(shapes[i].first) / ms,
+                1e-6 * j["decode_tokens_per_second"].get<double>());
+    EXPECT_NEAR(j["decode_fraction_of_floor"].get<double>(), j["decode_floor_ms"].get<double>() / ms, 1e-9);
+    EXPECT_NEAR(j["prefill_tokens_per_second"].get<double>(),
+                double(shapes[i].first * shapes[i].second) * 1e3 / j["time_to_first_token_ms"].get<double>(),
+                1e-6 * j["prefill_tokens_per_second"].get<double>());
+    // The given ceilings are the ones the floors divide by.
+    EXPECT_EQ(j["bandwidth_gbps"], 10.0);
+    EXPECT_EQ(j["peak_tflops"], 1.0);
+    EXPECT_EQ(j["ceilings_given"], true);
+    EXPECT_NEAR(j["decode_floor_ms"].get<double>(), j["decode_step_bytes"].get<double>() / 10e9 * 1e3, 1e-12);
+    EXPECT_NEAR(j["prefill_floor_ms"].get<double>(), j["prefill_flops"].get<double>() / 1e12 * 1e3, 1e-12);
+    // Host memory: the resident set after the load holds at least the weights (the CPU engine
+    // may keep the mapped checkpoint resident too) and the peak is at least that.
+    ASSERT_TRUE(j["rss_after_load_bytes"].is_number_integer());
+    ASSERT_TRUE(j["peak_rss_bytes"].is_number_integer());
+    ASSERT_TRUE(j["weight_bytes"].is_number_integer());
+    EXPECT_GT(j["weight_bytes"].get<int64_t>(), 0);
+    EXPECT_GE(j["rss_after_load_bytes"].get<int64_t>(), j["weight_bytes"].get<int64_t>());
+    EXPECT_GE(j["peak_rss_bytes"].get<int64_t>(), j["rss_after_load_bytes"].get<int64_t>());
+    EXPECT_EQ(j["peak_memory_bytes"], j["peak_rss_bytes"]);
+    // Sanity bound: a 1 MB model does not need 8 GB.
+    EXPECT_LT(j["peak_rss_bytes"].get<int64_t>(), int64_t(8) << 30);
+  }
+  // Progress on stderr, one line per timed run.
+  EXPECT_NE(r.err.find("run 1 of 2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("run 2 of 2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("decode"), std::string::npos) << r.err;
+}
+
+TEST_F(CliBenchGenerate, CpuMeasuresItsOwnCeilings) {
+  Result r = bench_generate("--cases 1x3 --new-tokens 2 --repeats 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(lines(r.out).at(0));
+  EXPECT_EQ(j["ceilings_given"], false);
+  EXPECT_GT(j["bandwidth_gbps"].get<double>(), 0);
+  EXPECT_GT(j["peak_tflops"].get<double>(), 0);
+  EXPECT_EQ(j["kernel_unit"], cpu_kernel_path_name(default_cpu_kernel_path()));
+}
+
+TEST_F(CliBenchGenerate, CpuTableHasAHeaderAndOneRowPerCase) {
+  Result r = bench_generate(std::string("--batch 1 --prompt-tokens 3,4 --new-tokens 3 --repeats 1") + kGiven);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = lines(r.out);
+  ASSERT_EQ(rows.size(), 5u) << r.out;  // comment line, header, separator, two rows
+  EXPECT_NE(rows[0].find("resident after load"), std::string::npos) << rows[0];
+  EXPECT_NE(rows[0].find("(given)"), std::string::npos) << rows[0];
+  EXPECT_EQ(rows[3].rfind("| 1 | 3 |", 0), 0u) << rows[3];
+  EXPECT_EQ(rows[4].rfind("| 1 | 4 |", 0), 0u) << rows[4];
+}
+
+TEST_F(CliBenchGenerate, BadInputExitsTwoWithAClearError) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"--new-tokens 1", "--new-tokens must be >= 2"},
+      {"--repeats 0", "--repeats must be >= 1"},
+      {"--cases 3", "--cases entries are BATCHxPROMPT"},
+      {"--cases 0x4", "batch and prompt >= 1"},
+      {"--prompt-tokens 0", "--prompt-tokens entries must be >= 1"},
+  };
+  for (const auto& [args, needle] : cases) {
+    Result r = bench_generate(args + kGiven);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\n" << r.err;
+  }
+  Result r = test::run_cli("bench generate --model " + tmp_ + "/missing --device cpu", tmp_);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("missing"), std::string::npos) << r.err;
 }
 
 TEST(BenchApi, CeilingsMeasureWhatIsAskedAndNameTheUnit) {

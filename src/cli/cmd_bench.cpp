@@ -354,7 +354,7 @@ int run_bench(const std::vector<std::string>& argv) {
     throw InvalidInput("usage: moex bench generate --model DIR [--device cpu|cuda[:i]] [--dtype D] "
                        "[--batch 1,8,32] [--prompt-tokens 128,4096] [--cases 1x128,32x128,1x4096] [--new-tokens 128] "
                        "[--experts-implementation SPEC] [--decode-switch auto|on|off] [--graph on|off] [--repeats 3] "
-                       "[--seed N] [--json]\n"
+                       "[--seed N] [--bandwidth-gbs X] [--peak-tflops Y] [--json]\n"
                        "       moex bench experts [--device cpu|cuda] [--shape NAME | --experts E "
                        "--top-k K --hidden H --intermediate I] [--dtype bfloat16|float16|float32] "
                        "[--tokens 1,4,16] [--backends a,b] [--graph off|on|both] [--json] "

@@ -13,11 +13,20 @@
 //   (B sequences x the mean cached length x kv bytes per token), over the bandwidth;
 // - prefill: 2 x (dense + k/E of the experts' parameters) flops per token + attention
 //   (B x P (P + 1) / 2 pairs x the model's flops per pair), over the peak.
-// The fraction of the floor is floor time / measured time.
+// The fraction of the floor is floor time / measured time. --bandwidth-gbs / --peak-tflops give
+// the ceilings instead (tests use them to keep the 1 GiB bandwidth pass out).
+//
+// Memory: on CUDA the caching allocator's peak; on the host the process's peak resident set
+// (VmHWM), plus the resident set right after the load (VmRSS), so that what generation adds
+// (packed experts, the KV cache, activations) reads apart from the mapped checkpoint. VmHWM
+// never goes down, so a row's peak includes the rows before it.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <optional>
 #include <random>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -41,12 +50,27 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// A "<key>:   N kB" line of /proc/self/status in bytes (VmRSS, VmHWM); nullopt where the file or
+// the line is missing (not Linux), so that the JSON says null rather than a wrong 0.
+std::optional<int64_t> proc_status_bytes(const std::string& key) {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind(key + ":", 0) != 0) continue;
+    std::istringstream in(line.substr(key.size() + 1));
+    int64_t kb = 0;
+    if (in >> kb) return kb * 1024;
+  }
+  return std::nullopt;
+}
+
+nlohmann::json json_or_null(const std::optional<int64_t>& v) { return v ? nlohmann::json(*v) : nlohmann::json(); }
+
 }  // namespace
 
 int run_bench_generate(const std::vector<std::string>& argv) {
   Args a(argv,
          {"model", "device", "dtype", "batch", "prompt-tokens", "cases", "new-tokens", "experts-implementation",
-          "decode-switch", "graph", "repeats", "seed"},
+          "decode-switch", "graph", "repeats", "seed", "bandwidth-gbs", "peak-tflops"},
          {"json"});
   const std::string dir = a.require("model");
   LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
@@ -70,8 +94,12 @@ int run_bench_generate(const std::vector<std::string>& argv) {
   std::fprintf(stderr, "moex bench generate: loading %s\n", dir.c_str());
   auto lm = from_pretrained(dir, o);
   const ModelInfo& info = lm->info();
-  std::fprintf(stderr, "moex bench generate: loaded %.2f GB in %.1f s\n", double(info.weight_bytes) / 1e9,
+  const bool host = !info.device.is_cuda();
+  const std::optional<int64_t> rss_after_load = host ? proc_status_bytes("VmRSS") : std::nullopt;
+  std::fprintf(stderr, "moex bench generate: loaded %.2f GB in %.1f s", double(info.weight_bytes) / 1e9,
                info.load_seconds);
+  if (rss_after_load) std::fprintf(stderr, ", resident %.2f GB", double(*rss_after_load) / 1e9);
+  std::fprintf(stderr, "\n");
 
   const double es = double(dtype_size(info.dtype));
   const double dense_bytes = double(info.weight_bytes - info.experts_weight_bytes - info.embedding_bytes);
@@ -98,6 +126,7 @@ int run_bench_generate(const std::vector<std::string>& argv) {
     int64_t B, P;
     double prefill_s, decode_s;
     int64_t peak_bytes;
+    double prepare_s;  // the warm-up's: the first row packs the experts, later rows find them packed
     bool graph;
     std::string graph_note;
   };
@@ -111,22 +140,50 @@ int run_bench_generate(const std::vector<std::string>& argv) {
       GenerationOptions warm = g;
       warm.max_new_tokens = 3;
       lm->generate(input, warm);
+      const double prepare_s = lm->last_generation_stats().prepare_seconds;
+      std::fprintf(stderr, "moex bench generate: batch %lld, prompt %lld: warm-up done (experts prepared in %.2f s)\n",
+                   (long long)B, (long long)P, prepare_s);
       std::vector<double> prefill, decode;
       for (int64_t r = 0; r < repeats; ++r) {
-        std::fprintf(stderr, "moex bench generate: batch %lld, prompt %lld: run %lld of %lld\n", (long long)B,
-                     (long long)P, (long long)r + 1, (long long)repeats);
         lm->generate(input, g);
         const GenerationStats& s = lm->last_generation_stats();
         prefill.push_back(s.prefill_seconds);
         decode.push_back(s.decode_seconds);
+        std::fprintf(stderr,
+                     "moex bench generate: batch %lld, prompt %lld: run %lld of %lld: prefill %.1f tok/s, "
+                     "decode %.2f tok/s\n",
+                     (long long)B, (long long)P, (long long)r + 1, (long long)repeats,
+                     s.prefill_seconds > 0 ? double(B * P) / s.prefill_seconds : 0.0,
+                     s.decode_seconds > 0 ? double(B * (new_tokens - 1)) / s.decode_seconds : 0.0);
       }
       const GenerationStats& last = lm->last_generation_stats();
-      timed.push_back({B, P, median(prefill), median(decode), peak_memory_bytes(info.device), last.graph, last.graph_note});
+      const int64_t peak = host ? proc_status_bytes("VmHWM").value_or(peak_memory_bytes(info.device))
+                                : peak_memory_bytes(info.device);
+      timed.push_back({B, P, median(prefill), median(decode), peak, prepare_s, last.graph, last.graph_note});
     }
   }
   // The ceilings last, so that their buffers do not count in the rows' peak memory.
-  std::fprintf(stderr, "moex bench generate: measuring the ceilings of %s\n", info.device.str().c_str());
-  const Ceilings ceil = measure_ceilings(info.device, info.dtype);
+  const double given_bw = a.get_double("bandwidth-gbs", 0), given_peak = a.get_double("peak-tflops", 0);
+  CeilingsOptions copt;
+  copt.bandwidth = given_bw <= 0;
+  copt.peak = given_peak <= 0;
+  if (copt.bandwidth || copt.peak)
+    std::fprintf(stderr, "moex bench generate: measuring the ceilings of %s\n", info.device.str().c_str());
+  Ceilings ceil = measure_ceilings(info.device, info.dtype, copt);
+  // A given bandwidth stands for whichever one the device's floor divides by.
+  if (!copt.bandwidth) {
+    ceil.read_gbps = host ? given_bw : 0;
+    ceil.copy_gbps = host ? 0 : given_bw;
+  }
+  if (!copt.peak) ceil.peak_tflops = given_peak;
+  if (!json) {
+    std::printf("# %s %s on %s: weights %.2f GB, loaded in %.1f s", info.model_type.c_str(),
+                std::string(dtype_name(info.dtype)).c_str(), info.device.str().c_str(),
+                double(info.weight_bytes) / 1e9, info.load_seconds);
+    if (rss_after_load) std::printf(", resident after load %.2f GB", double(*rss_after_load) / 1e9);
+    std::printf("; ceilings%s: %.1f GB/s, %.2f TFLOP/s [%s]\n", copt.bandwidth && copt.peak ? "" : " (given)",
+                ceil.bandwidth_gbps(), ceil.peak_tflops, ceil.unit.c_str());
+  }
   if (!json)
     std::printf("| batch | prompt | prefill tok/s | decode tok/s | ms/token | TTFT ms | decode floor ms | "
                 "of floor | prefill floor ms | of floor | peak memory GB |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -161,6 +218,14 @@ int run_bench_generate(const std::vector<std::string>& argv) {
       j["prefill_floor_ms"] = prefill_floor_s * 1e3;
       j["prefill_fraction_of_floor"] = tp > 0 ? prefill_floor_s / tp : 0;
       j["peak_memory_bytes"] = t.peak_bytes;
+      // Host only (null on CUDA): the peak resident set and the resident set after the load.
+      j["peak_rss_bytes"] = host ? nlohmann::json(t.peak_bytes) : nlohmann::json();
+      j["rss_after_load_bytes"] = json_or_null(rss_after_load);
+      j["weight_bytes"] = info.weight_bytes;
+      j["load_seconds"] = info.load_seconds;
+      j["prepare_seconds"] = t.prepare_s;
+      j["ceilings_given"] = !copt.bandwidth || !copt.peak;
+      j["kernel_unit"] = ceil.unit;
       j["bandwidth_gbps"] = ceil.bandwidth_gbps();
       j["peak_tflops"] = ceil.peak_tflops;
       j["device"] = info.device.str();
