@@ -100,12 +100,17 @@ TEST(CudaPlan, LayoutsAndDtypesOutsideTheTensorCoreKernels) {
   EXPECT_EQ(p.describe(), "SIMT tiles of 32 rows");
 }
 
-TEST(CudaPlan, BatchedIsOneGemvRowPerPair) {
-  for (int64_t T : {1, 4096}) {
+TEST(CudaPlan, BatchedIsOneGemvRowPerPairForFewPairs) {
+  for (int64_t T : {1, 8}) {  // k = 4: 4 and 32 pairs
     const ExpertsPlan p = plan_batched_mm(qwen(T), kH200);
     EXPECT_EQ(p.gemm, GemmPath::kGemv);
     EXPECT_EQ(p.tile_rows, 1);
     EXPECT_NO_THROW(check_plan(p, qwen(T), kH200));
+  }
+  for (int64_t T : {9, 4096}) {  // more pairs: one 16-row tensor-core tile per pair
+    const ExpertsPlan p = plan_batched_mm(qwen(T), kH200);
+    EXPECT_EQ(p.gemm, GemmPath::kMmaSync);
+    EXPECT_EQ(p.tile_rows, 16);
   }
   // Transposed weights: the GEMV's loads along K would be strided; 16-row mma.sync tiles.
   ExpertsShape t = qwen(1);

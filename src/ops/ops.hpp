@@ -194,7 +194,7 @@ void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const 
 // - CUDA: the tensor itself (cuBLASLt reads it in place), nothing packed.
 struct LinearWeight {
   Tensor tensor;  // [out, in] as loaded, or undefined (host, packed and not kept)
-  std::shared_ptr<const cpu::DenseLinear> packed;  // host only; null: `tensor` is read in place
+  std::shared_ptr<const ::moex::cpu::DenseLinear> packed;  // host only; null: `tensor` is read in place
   int64_t out = 0, in = 0;
   DType dtype = DType::kF32;  // the loaded tensor's dtype
   int64_t out_features() const { return out; }
