@@ -229,11 +229,12 @@ class CudaGraph : public ::testing::TestWithParam<std::tuple<std::string, int>> 
 TEST_P(CudaGraph, ReplaysWithNewRouting) {
   SKIP_WITHOUT_GPU();
   const auto& [backend, variant] = GetParam();
-  // variant 0: bf16 tensor cores, small T; 1: bf16 large tiles; 2: fp32 SIMT, ugly sizes, bias.
+  // variant 0: bf16 tensor cores, small T; 1: bf16 large tiles; 2: fp32 SIMT, ugly sizes, bias;
+  // 3: one token (batched_mm's GEMV).
   DType dt = variant == 2 ? DType::kF32 : DType::kBF16;
   ExpertsSpec s = variant == 2 ? make_experts_spec({true, true, true, false}, 7, 19, 13, Activation::kGelu)
                                : make_experts_spec({true, false, false, true}, 8, 128, 64, Activation::kSilu);
-  int64_t T = variant == 1 ? 700 : 9, k = 3;
+  int64_t T = variant == 1 ? 700 : variant == 3 ? 1 : 9, k = 3;
   uint64_t seed = 16000 + 10 * variant;
   ExpertsWeights w = random_experts_weights(s, dt, seed);
   Experts experts(s, weights_on_gpu(w));
@@ -279,7 +280,7 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaGraph,
                                                               "grouped_mm_plan_pingpong_both",
                                                               "grouped_mm_plan_narrow_stages",
                                                               "grouped_mm_plan_cluster_pairs"),
-                                            ::testing::Values(0, 1, 2)),
+                                            ::testing::Values(0, 1, 2, 3)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" +
                                   std::to_string(std::get<1>(info.param));

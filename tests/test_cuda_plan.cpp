@@ -22,6 +22,7 @@ const DeviceTraits kA100{8, 0, 108};
 ExpertsShape shape(int64_t tokens, int k, int E, int H, int I, Elem e = Elem::kBF16) {
   ExpertsShape s;
   s.elem = e;
+  s.tokens = tokens;
   s.pairs = tokens * k;
   s.experts = E;
   s.hidden = H;
@@ -100,14 +101,12 @@ TEST(CudaPlan, LayoutsAndDtypesOutsideTheTensorCoreKernels) {
   EXPECT_EQ(p.describe(), "SIMT tiles of 32 rows");
 }
 
-TEST(CudaPlan, BatchedIsOneGemvRowPerPairForFewPairs) {
-  for (int64_t T : {1, 8}) {  // k = 4: 4 and 32 pairs
-    const ExpertsPlan p = plan_batched_mm(qwen(T), kH200);
-    EXPECT_EQ(p.gemm, GemmPath::kGemv);
-    EXPECT_EQ(p.tile_rows, 1);
-    EXPECT_NO_THROW(check_plan(p, qwen(T), kH200));
-  }
-  for (int64_t T : {9, 4096}) {  // more pairs: one 16-row tensor-core tile per pair
+TEST(CudaPlan, BatchedIsAGemvForOneTokenAndTensorCoreTilesBeyond) {
+  const ExpertsPlan one = plan_batched_mm(qwen(1), kH200);
+  EXPECT_EQ(one.gemm, GemmPath::kGemv);
+  EXPECT_EQ(one.tile_rows, 1);
+  EXPECT_NO_THROW(check_plan(one, qwen(1), kH200));
+  for (int64_t T : {2, 8, 4096}) {  // pairs may share experts: one 16-row tensor-core tile per pair
     const ExpertsPlan p = plan_batched_mm(qwen(T), kH200);
     EXPECT_EQ(p.gemm, GemmPath::kMmaSync);
     EXPECT_EQ(p.tile_rows, 16);

@@ -11,7 +11,8 @@
 // - decode step: the dense weights (all but the experts and the embedding table) + the experts
 //   a step hits, E (1 - (1 - k/E)^B) per MoE layer under uniform routing, + the KV cache read
 //   (B sequences x the mean cached length x kv bytes per token), over the bandwidth;
-// - prefill: 2 x (dense + k/E of the experts' parameters) flops per token + attention
+// - prefill: 2 x (dense + k/E of the experts' parameters) flops per token (the lm_head once per
+//   sequence: only the last row's logits are computed) + attention
 //   (B x P (P + 1) / 2 pairs x the model's flops per pair), over the peak.
 // The fraction of the floor is floor time / measured time. --bandwidth-gbs / --peak-tflops give
 // the ceilings instead (tests use them to keep the 1 GiB bandwidth pass out).
@@ -199,8 +200,11 @@ int run_bench_generate(const std::vector<std::string>& argv) {
       const double step_bytes = dense_bytes + double(info.experts_weight_bytes) * hit +
                                 double(B) * mean_cached * double(info.kv_bytes_per_token);
       const double decode_floor_s = ceil.bandwidth_gbps() > 0 ? step_bytes / (ceil.bandwidth_gbps() * 1e9) : 0;
-      const double params_per_token = (dense_bytes + double(info.experts_weight_bytes) * moe_share) / es;
-      const double prefill_flops = 2.0 * params_per_token * double(B * P) +
+      // The prefill runs the lm_head on each sequence's last row only (generate's last_only).
+      const double lm_head_params = double(info.vocab_size) * double(info.hidden_size);
+      const double params_per_token =
+          (dense_bytes + double(info.experts_weight_bytes) * moe_share) / es - lm_head_params;
+      const double prefill_flops = 2.0 * params_per_token * double(B * P) + 2.0 * lm_head_params * double(B) +
                                    double(B) * double(P) * double(P + 1) / 2.0 * double(info.attention_flops_per_pair);
       const double prefill_floor_s = ceil.peak_tflops > 0 ? prefill_flops / (ceil.peak_tflops * 1e12) : 0;
       nlohmann::json j;

@@ -189,6 +189,7 @@ ExpertsShape shape_of(const ExpertsArgs& a) {
   auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
   ExpertsShape s;
   s.elem = a.elem;
+  s.tokens = a.tokens;
   s.pairs = pairs_of(a);
   s.experts = a.experts;
   s.hidden = a.hidden;

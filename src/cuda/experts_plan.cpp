@@ -72,12 +72,13 @@ ExpertsPlan simt_plan() {
 }  // namespace
 
 ExpertsPlan plan_batched_mm(const ExpertsShape& s, const DeviceTraits&) {
-  // A pair is one row: the GEMV streams its expert's weights without the 15 padding rows of a
-  // tensor-core tile (decode step of Qwen1.5-MoE on the H200: docs/gpu_model.md). With many pairs
-  // the same experts' weights are read by many tiles and the tensor-core tiles were faster (batch
-  // 32 decode: 1960 tokens/s with the GEMV against 2806 with 16-row tiles), so the GEMV serves
-  // at most kGemvMaxPairs pairs.
-  if (gemv_applies(s) && s.pairs <= kGemvMaxPairs) {
+  // One token: its k pairs read k different experts once each, and the GEMV streams them without
+  // the 15 padding rows of a tensor-core tile (H200, `moex bench experts --backends batched_mm
+  // --tokens 1 --graph on`: Qwen1.5-MoE 0.0442 -> 0.0390 ms, Mixtral 0.2472 -> 0.1915, DeepSeek
+  // 0.1989 -> 0.2014). From two tokens on, pairs that share an expert re-read its weights, and
+  // the tensor-core tiles were faster (Qwen T = 4 0.0812 against 0.0934 ms, Mixtral T = 16 1.23
+  // against 1.42, batch-32 decode 2806 against 1960 tokens/s; docs/cuda.md).
+  if (gemv_applies(s) && s.tokens == 1) {
     ExpertsPlan p;
     p.gemm = GemmPath::kGemv;
     p.tile_rows = 1;

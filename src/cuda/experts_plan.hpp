@@ -16,6 +16,7 @@ enum class Elem : int;
 // What a plan depends on, read off a validated call (see shape_of in experts_ops.hpp).
 struct ExpertsShape {
   Elem elem{};
+  int64_t tokens = 0;
   int64_t pairs = 0;  // T * k
   int experts = 0, hidden = 0, intermediate = 0;
   bool gated = true, concatenated = true, transposed = false;
@@ -64,7 +65,7 @@ struct ExpertsPlan {
 // Whether the tensor-core kernels serve both GEMMs of this shape (layout, sizes, alignment).
 bool mma_applies(const ExpertsShape& s);
 bool gemv_applies(const ExpertsShape& s);  // kGemv: bf16 / f16, row-major, K % 8, aligned
-inline constexpr int64_t kGemvMaxPairs = 32;  // batched_mm: GEMV up to here, mma.sync tiles above
+
 bool wgmma_applies(const ExpertsShape& s, const DeviceTraits& d);
 
 // grouped_mm: 16-row mma.sync tiles while experts average few rows (memory-bound: weights
