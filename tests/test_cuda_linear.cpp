@@ -111,4 +111,49 @@ TEST(CudaLinear, DecodeRowsAreIndependent) {
   for (int64_t n = 0; n < out; ++n) ASSERT_EQ(y8[size_t(n)], y1[size_t(n)]) << "column " << n;
 }
 
+// ops::linears: several projections of one x (q / k / v; router + shared expert gate / up +
+// gating column) give exactly what one linear() each gives, in one launch when all qualify and
+// one call each when they do not (here: more rows than the GEMV takes).
+TEST(CudaLinear, LinearsEqualOneLinearEach) {
+  if (moex::test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::cuda(0);
+  struct Shape {
+    int64_t out, in;
+    bool bias;
+  };
+  const std::vector<std::vector<Shape>> groups = {
+      {{2048, 2048, true}, {256, 2048, true}, {256, 2048, true}},              // q / k / v with bias
+      {{60, 2048, false}, {1408, 2048, false}, {1408, 2048, false}, {1, 2048, false}},  // router + shared
+      {{5, 24, false}, {0, 24, false}, {3, 24, true}},                         // an empty output between
+  };
+  uint64_t seed = 50;
+  for (int64_t rows : {1, 3, 8, 17})
+    for (DType dt : {DType::kBF16, DType::kF16})
+      for (const auto& g : groups) {
+        const int64_t in0 = g[0].in;
+        const Tensor x = Tensor::from_floats(random_values(size_t(rows * in0), ++seed, dt), {rows, in0}).to(dt).to(gpu);
+        std::vector<moex::ops::LinearWeight> ws;
+        std::vector<Tensor> bs;
+        for (const Shape& s : g) {
+          ws.push_back(moex::ops::prepare_linear(
+              Tensor::from_floats(random_values(size_t(s.out * s.in), ++seed, dt), {s.out, s.in}).to(dt).to(gpu)));
+          bs.push_back(s.bias ? Tensor::from_floats(random_values(size_t(s.out), ++seed, dt), {s.out}).to(dt).to(gpu)
+                              : Tensor());
+        }
+        std::vector<moex::ops::LinearOf> of;
+        for (size_t i = 0; i < g.size(); ++i) of.push_back({&ws[i], bs[i].defined() ? &bs[i] : nullptr});
+        const std::vector<Tensor> ys = moex::ops::linears(x, of, dt);
+        ASSERT_EQ(ys.size(), g.size());
+        for (size_t i = 0; i < g.size(); ++i) {
+          const auto want = moex::ops::linear(x, ws[i], bs[i], dt).to(Device::cpu()).to(DType::kF32).to_float_vector();
+          const auto got = ys[i].to(Device::cpu()).to(DType::kF32).to_float_vector();
+          ASSERT_EQ(ys[i].size(0), rows);
+          ASSERT_EQ(ys[i].size(1), g[i].out);
+          for (size_t j = 0; j < want.size(); ++j)
+            ASSERT_EQ(moex::float_bits(want[j]), moex::float_bits(got[j]))
+                << "rows " << rows << " " << moex::dtype_name(dt) << " linear " << i << " element " << j;
+        }
+      }
+}
+
 }  // namespace

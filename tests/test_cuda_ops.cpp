@@ -346,6 +346,31 @@ TEST(CudaOps, RmsNormBothStylesAndGroups) {
         }
 }
 
+// The fused residual step is exactly add_ then rms_norm on the device (h and the output bit for
+// bit), and matches the host's two ops like rms_norm does.
+TEST(CudaOps, AddRmsNormIsAddThenNorm) {
+  if (moex::test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 560;
+  for (DType act : kActs)
+    for (int64_t rows : {1, 3, 67})
+      for (int64_t width : {17, 1000, 2048, 2880})
+        for (auto style : {ops::RmsNormStyle::kLlama, ops::RmsNormStyle::kGptOss}) {
+          const std::string what = name(act) + " " + std::to_string(rows) + "x" + std::to_string(width);
+          Tensor h = host(random_values(size_t(rows * width), ++seed, act, -3.0f, 3.0f), {rows, width});
+          Tensor d = host(random_values(size_t(rows * width), ++seed, act, -3.0f, 3.0f), {rows, width});
+          Tensor w = host(random_values(size_t(width), ++seed, act, 0.5f, 1.5f), {width});
+          Tensor h1 = device(h, act), h2 = device(h, act), dd = device(d, act), wd = device(w, act);
+          Tensor fused = ops::add_rms_norm(h1, dd, wd, 1e-6f, act, style);
+          ops::add_(h2, dd, act);
+          Tensor apart = ops::rms_norm(h2, wd, 1e-6f, act, 0, style);
+          expect_exact(values(h2), values(h1), "add_rms_norm residual " + what);
+          expect_exact(values(apart), values(fused), "add_rms_norm output " + what);
+          Tensor hh = h.clone();
+          Tensor want = ops::add_rms_norm(hh, d, w, 1e-6f, act, style);
+          expect_rounding_close(want.to_float_vector(), values(fused), act, "add_rms_norm host " + what);
+        }
+}
+
 // ---------------------------------------------------------------- rope
 
 ops::Rope make_rope(int64_t dim, double base, double scaling) {
@@ -388,6 +413,30 @@ TEST(CudaOps, RopeBothLayoutsWithPadding) {
                               "rope " + name(act) + " heads " + std::to_string(c.heads) + " dim " + std::to_string(c.dim) +
                                   (c.layout == ops::RopeLayout::kHalf ? " half" : " interleaved") + " B" +
                                   std::to_string(B) + " T" + std::to_string(T) + " past " + std::to_string(past));
+      }
+}
+
+// q and k in one launch (rope2_): exactly two rope_ calls, with more heads in either tensor.
+TEST(CudaOps, RopeTwoTensorsIsTwoRopes) {
+  if (moex::test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 650;
+  const std::tuple<int64_t, int64_t, int64_t> heads_dim[] = {{16, 16, 128}, {32, 8, 128}, {4, 9, 64}, {64, 8, 64}};
+  for (DType act : kActs)
+    for (auto [hq, hk, dim] : heads_dim)
+      for (auto [B, T, past] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 19}, {3, 5, 7}, {8, 1, 300}}) {
+        ops::Step s = padded_step(B, T, past, ++seed);
+        ops::make_device_step(s, Device::cuda(0));
+        const ops::Rope rope = make_rope(dim, 1e6, 1.0);
+        const int64_t rows = B * T;
+        Tensor q = device(host(random_values(size_t(rows * hq * dim), ++seed, act), {rows, hq * dim}), act);
+        Tensor k = device(host(random_values(size_t(rows * hk * dim), ++seed, act), {rows, hk * dim}), act);
+        Tensor q1 = q.clone(), k1 = k.clone();
+        ops::rope2_(q, hq, k, hk, dim, 0, rope, ops::RopeLayout::kHalf, s, act);
+        ops::rope_(q1, hq, dim, 0, rope, ops::RopeLayout::kHalf, s, act);
+        ops::rope_(k1, hk, dim, 0, rope, ops::RopeLayout::kHalf, s, act);
+        const std::string what = name(act) + " heads " + std::to_string(hq) + "/" + std::to_string(hk);
+        expect_exact(values(q1), values(q), "rope2 q " + what);
+        expect_exact(values(k1), values(k), "rope2 k " + what);
       }
 }
 
@@ -438,6 +487,33 @@ TEST(CudaOps, SoftmaxTopkTieOrder) {
   Tensor logits = host(random_values(size_t(1000 * 128), 77, DType::kF32, -4.0f, 4.0f), {1000, 128});
   expect_same_routing(ops::softmax_topk(logits, 8, true, DType::kF32),
                       ops::softmax_topk(device(logits, DType::kF32), 8, true, DType::kF32), DType::kF32, "softmax_topk f32");
+}
+
+// Rows the warp-parallel selection takes (no tie among the chosen) beside rows that need the
+// replay (a tie among them, +0 against -0) and widths past the parallel budget (E > 256),
+// mixed in one call: every row must match the host.
+TEST(CudaOps, SoftmaxTopkParallelAndReplayRowsMixed) {
+  if (moex::test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 900;
+  for (int64_t E : {60, 64, 256, 257, 300})
+    for (int64_t k : {1, 4, 8}) {
+      const int64_t rows = 500;
+      std::vector<float> v = random_values(size_t(rows * E), ++seed, DType::kBF16, -3.0f, 3.0f);
+      for (int64_t e = 0; e < E; ++e) v[size_t(5 * E + e)] = -1.0f;  // row 5: zeros of both signs on top
+      v[size_t(5 * E + 2)] = 0.0f;
+      v[size_t(5 * E + 7)] = -0.0f;
+      Tensor logits = host(v, {rows, E});
+      for (DType stored : {DType::kBF16, DType::kF32})
+        for (bool normalize : {true, false}) {
+          const std::string what = "softmax_topk mixed E" + std::to_string(E) + " k" + std::to_string(k) + " " +
+                                   name(stored) + (normalize ? " norm" : "");
+          expect_same_routing(ops::softmax_topk(logits, k, normalize, DType::kF32),
+                              ops::softmax_topk(device(logits, stored), k, normalize, DType::kF32), DType::kF32, what);
+        }
+      expect_same_routing(ops::topk_softmax(logits, k, DType::kBF16),
+                          ops::topk_softmax(device(logits, DType::kBF16), k, DType::kBF16), DType::kBF16,
+                          "topk_softmax mixed E" + std::to_string(E) + " k" + std::to_string(k));
+    }
 }
 
 TEST(CudaOps, TopkSoftmaxTieOrder) {

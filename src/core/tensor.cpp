@@ -107,6 +107,7 @@ Tensor Tensor::from_ints(const std::vector<int64_t>& v, Shape shape, DType dtype
 size_t Tensor::nbytes() const { return size_t(numel()) * dtype_size(dtype_); }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // no element to be out of place (views of empty slices keep odd strides)
   int64_t expect = 1;
   for (size_t i = shape_.size(); i-- > 0;) {
     if (shape_[i] != 1 && strides_[i] != expect) return false;

@@ -17,8 +17,8 @@ void launch_gemv(const GroupedGemmArgs& a, cudaStream_t stream) {
   const int64_t col_blocks = (int64_t(a.N) + kGemvColumns - 1) / kGemvColumns;
   if (col_blocks > 65535) throw Unsupported("grouped GEMV: " + std::to_string(a.N) + " output columns");
   dim3 grid(unsigned(a.max_tiles), unsigned(col_blocks));
-  grouped_gemv_kernel<T, kKind, kGroups><<<grid, kGemvWarps * 32, 0, stream>>>(to_params(a));
-  MOEX_CUDA_CHECK_LAUNCH(grouped_gemv_kernel);
+  launch_pdl(grouped_gemv_kernel<T, kKind, kGroups>, grid, dim3(kGemvWarps * 32), 0, stream, current_device(),
+             to_params(a));
 }
 
 template <class T>

@@ -18,6 +18,7 @@
 #pragma once
 
 #include "cuda/gemm_common.cuh"
+#include "cuda/pdl.cuh"
 
 namespace moex::cuda {
 
@@ -34,6 +35,10 @@ __device__ __forceinline__ void gemv_widen8(const uint4& v, float* f) {
 
 template <class T, GemmKind kKind, int kGroups>
 __global__ void __launch_bounds__(kGemvWarps * 32) grouped_gemv_kernel(GemmParams p) {
+  // The tiles come from the routing kernel just before: nothing can start before it completes,
+  // but the launch itself overlaps it (pdl.cuh).
+  pdl_wait();
+  pdl_trigger();
   if (int(blockIdx.x) >= *p.num_tiles) return;
   const Tile tile = p.tiles[blockIdx.x];
   if (tile.rows <= 0) return;

@@ -12,6 +12,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/launchers.hpp"
+#include "cuda/pdl.cuh"
 
 namespace moex::cuda {
 
@@ -114,6 +115,7 @@ __global__ void route_per_pair_kernel(const Index* __restrict__ idx, int64_t pai
                                       int* __restrict__ sorted_pair,
                                       int* __restrict__ pos_of_pair, Tile* __restrict__ tiles,
                                       int* __restrict__ num_tiles) {
+  pdl_trigger();  // the experts' GEMV launch may overlap this one (it waits for the tiles)
   int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (p == 0) *num_tiles = int(pairs);
   if (p >= pairs) return;

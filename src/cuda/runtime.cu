@@ -1,12 +1,15 @@
 // CUDA foundation: see runtime.hpp for the design notes.
 #include "cuda/runtime.hpp"
+#include "cuda/pdl.cuh"
 
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -454,6 +457,14 @@ Ceilings measure_ceilings(DType dtype) {
     cache_free(d, dev);
   }
   return c;
+}
+
+bool pdl_enabled(int device) {
+  static const bool allowed = [] {
+    const char* v = std::getenv("MOEX_PDL");
+    return !(v && std::string(v) == "0");
+  }();
+  return allowed && device_info(device).major >= 9;
 }
 
 }  // namespace moex::cuda

@@ -162,8 +162,7 @@ class DeepseekV3LM final : public DecoderLM {
     const DeepseekLayer& L = layers_[size_t(layer)];
     const DType dt = act();
     Tensor x = ops::rms_norm(h, L.input_norm, eps_, dt);
-    ops::add_(h, attention_block(L.attn, x, step, kv), dt);
-    x = ops::rms_norm(h, L.post_norm, eps_, dt);
+    x = ops::add_rms_norm(h, attention_block(L.attn, x, step, kv), L.post_norm, eps_, dt);
     ops::add_(h, L.moe ? moe_block(L, x) : gated_mlp(x, L.dense, dt), dt);
   }
 

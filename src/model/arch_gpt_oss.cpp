@@ -82,17 +82,14 @@ class GptOssLM final : public DecoderLM {
     const GptOssLayer& L = layers_[size_t(layer)];
     const DType dt = act();
     Tensor x = ops::rms_norm(h, L.input_norm, eps_, dt, 0, ops::RmsNormStyle::kGptOss);
-    Tensor q = linear(x, L.q_proj, dt);
-    Tensor k = linear(x, L.k_proj, dt);
-    Tensor v = linear(x, L.v_proj, dt);
-    ops::rope_(q, heads_, head_dim_, 0, rope_, RopeLayout::kHalf, step, dt);
-    ops::rope_(k, kv_heads_, head_dim_, 0, rope_, RopeLayout::kHalf, step, dt);
+    std::vector<Tensor> qkv = linears(x, {&L.q_proj, &L.k_proj, &L.v_proj}, dt);
+    Tensor q = std::move(qkv[0]), k = std::move(qkv[1]), v = std::move(qkv[2]);
+    ops::rope2_(q, heads_, k, kv_heads_, head_dim_, 0, rope_, RopeLayout::kHalf, step, dt);
     AttentionSpec spec = gqa_spec(heads_, kv_heads_, head_dim_, L.sliding_window);
     spec.sinks = L.sinks;
     spec.eager_rounding = true;  // gpt-oss runs transformers' eager attention (no sdpa)
-    ops::add_(h, linear(attend(q, k, v, kv, step, spec, dt), L.o_proj, dt), dt);
-
-    x = ops::rms_norm(h, L.post_norm, eps_, dt, 0, ops::RmsNormStyle::kGptOss);
+    x = ops::add_rms_norm(h, linear(attend(q, k, v, kv, step, spec, dt), L.o_proj, dt), L.post_norm, eps_, dt,
+                          ops::RmsNormStyle::kGptOss);
     Routing routing = ops::topk_softmax(linear(x, L.router, dt), top_k_, dt);
     ops::add_(h, run_experts(experts_[size_t(layer)], experts_backend(), x, routing, dt), dt);
   }

@@ -27,6 +27,13 @@ Linear load_linear(const Checkpoint& ckpt, const std::string& name, int64_t out,
   return l;
 }
 
+std::vector<Tensor> linears(const Tensor& x, std::initializer_list<const Linear*> ls, DType act) {
+  std::vector<ops::LinearOf> of;
+  of.reserve(ls.size());
+  for (const Linear* l : ls) of.push_back({&l->weight, l->bias.defined() ? &l->bias : nullptr});
+  return ops::linears(x, of, act);
+}
+
 // ---- norms ----
 
 
@@ -140,9 +147,13 @@ GatedMlp load_gated_mlp(const Checkpoint& ckpt, const std::string& prefix, int64
 }
 
 Tensor gated_mlp(const Tensor& x, const GatedMlp& mlp, DType act) {
-  Tensor g = linear(x, mlp.gate, act);
-  ops::gated_activation_(g, linear(x, mlp.up, act), mlp.activation, act);
-  return linear(g, mlp.down, act);
+  std::vector<Tensor> gu = linears(x, {&mlp.gate, &mlp.up}, act);
+  return gated_mlp_rest(gu[0], gu[1], mlp, act);
+}
+
+Tensor gated_mlp_rest(Tensor& gate, const Tensor& up, const GatedMlp& mlp, DType act) {
+  ops::gated_activation_(gate, up, mlp.activation, act);
+  return linear(gate, mlp.down, act);
 }
 
 ExpertsSpec gated_experts_spec(int64_t num_experts, int64_t hidden, int64_t intermediate, Activation act) {

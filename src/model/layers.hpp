@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -51,6 +53,9 @@ inline Tensor linear(const Tensor& x, const Linear& l, DType act) {
   return ops::linear(x, l.weight, l.bias, act);
 }
 
+// Several linears of the same x (ops::linears): one launch on a device for decode-sized rows.
+std::vector<Tensor> linears(const Tensor& x, std::initializer_list<const Linear*> ls, DType act);
+
 // Loads a vector [dim] (norm weights, sinks, biases) onto `device`.
 Tensor load_vector(const Checkpoint& ckpt, const std::string& name, int64_t dim, DType dtype,
                    Device device = Device::cpu());
@@ -84,6 +89,9 @@ GatedMlp load_gated_mlp(const Checkpoint& ckpt, const std::string& prefix, int64
                         int64_t intermediate, DType dtype, Activation activation,
                         Device device = Device::cpu());
 Tensor gated_mlp(const Tensor& x, const GatedMlp& mlp, DType act);
+// The rest of gated_mlp once gate(x) and up(x) are computed (e.g. by linears() beside others):
+// `gate` is overwritten with the rounded intermediate.
+Tensor gated_mlp_rest(Tensor& gate, const Tensor& up, const GatedMlp& mlp, DType act);
 
 // The spec of experts stored as the hub's plain (non-transposed, no bias) gated MLPs.
 ExpertsSpec gated_experts_spec(int64_t num_experts, int64_t hidden, int64_t intermediate, Activation act);

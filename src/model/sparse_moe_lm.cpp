@@ -92,11 +92,17 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
 
 Tensor SparseMoeLM::moe_forward(const Layer& L, const Tensor& x) const {
   const DType a = act();
-  Routing r = ops::softmax_topk(linear(x, L.router, a), top_k_, norm_topk_prob_,
-                                flags_.round_routing_weights ? a : DType::kF32);
+  const DType routing_dtype = flags_.round_routing_weights ? a : DType::kF32;
+  if (!flags_.shared_expert) {
+    Routing r = ops::softmax_topk(linear(x, L.router, a), top_k_, norm_topk_prob_, routing_dtype);
+    return run_experts(*L.experts, experts_backend(flags_.experts_key), x, r, a);
+  }
+  // The router and the shared expert's gate, up and gating column all read x: one launch for
+  // decode-sized x on a device.
+  std::vector<Tensor> p = linears(x, {&L.router, &L.shared.gate, &L.shared.up, &L.shared_gate}, a);
+  Routing r = ops::softmax_topk(p[0], top_k_, norm_topk_prob_, routing_dtype);
   Tensor y = run_experts(*L.experts, experts_backend(flags_.experts_key), x, r, a);
-  if (flags_.shared_expert)
-    ops::add_gated_(y, gated_mlp(x, L.shared, a), linear(x, L.shared_gate, a), a);
+  ops::add_gated_(y, gated_mlp_rest(p[1], p[2], L.shared, a), p[3], a);
   return y;
 }
 
@@ -107,7 +113,8 @@ void SparseMoeLM::layer_forward(int64_t layer, Tensor& h, const Step& step, Laye
   const int64_t hd = cfg().head_dim;
 
   Tensor x = ops::rms_norm(h, L.input_norm, eps, a);
-  Tensor q = linear(x, L.q, a), k = linear(x, L.k, a), v = linear(x, L.v, a);
+  std::vector<Tensor> qkv = linears(x, {&L.q, &L.k, &L.v}, a);
+  Tensor q = std::move(qkv[0]), k = std::move(qkv[1]), v = std::move(qkv[2]);
   if (clip_qkv_ > 0)
     for (Tensor* t : {&q, &k, &v}) ops::clamp_(*t, clip_qkv_);
   if (flags_.qk_norm != SparseMoeFlags::QkNorm::kNone) {
@@ -116,13 +123,10 @@ void SparseMoeLM::layer_forward(int64_t layer, Tensor& h, const Step& step, Laye
     ops::rms_norm_(q, L.q_norm, eps, a, group);
     ops::rms_norm_(k, L.k_norm, eps, a, group);
   }
-  ops::rope_(q, cfg().num_heads, hd, 0, rope_, RopeLayout::kHalf, step, a);
-  ops::rope_(k, cfg().num_kv_heads, hd, 0, rope_, RopeLayout::kHalf, step, a);
+  ops::rope2_(q, cfg().num_heads, k, cfg().num_kv_heads, hd, 0, rope_, RopeLayout::kHalf, step, a);
   AttentionSpec spec = attn_;
   spec.sliding_window = L.sliding_window;
-  ops::add_(h, linear(attend(q, k, v, kv, step, spec, a), L.o, a), a);
-
-  x = ops::rms_norm(h, L.post_norm, eps, a);
+  x = ops::add_rms_norm(h, linear(attend(q, k, v, kv, step, spec, a), L.o, a), L.post_norm, eps, a);
   ops::add_(h, L.moe ? moe_forward(L, x) : gated_mlp(x, L.dense, a), a);
 }
 

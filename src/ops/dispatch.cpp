@@ -94,10 +94,32 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, DType act, int
       },
       MOEX_OPS_DEVICE(rms_norm(x, weight, eps, act, group, style)));
 }
+Tensor add_rms_norm(Tensor& h, const Tensor& delta, const Tensor& weight, float eps, DType act, RmsNormStyle style) {
+  return dispatch(
+      "add_rms_norm", h.device(),
+      [&] {
+        cpu::add_(h, delta, act);
+        Tensor y = h.clone();
+        cpu::rms_norm_(y, weight, eps, act, 0, style);
+        return y;
+      },
+      MOEX_OPS_DEVICE(add_rms_norm(h, delta, weight, eps, act, style)));
+}
 
 void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const Rope& rope,
            RopeLayout layout, const Step& step, DType act) {
   dispatch("rope", x.device(), [&] { cpu::rope_(x, heads, head_stride, offset, rope, layout, step, act); }, MOEX_OPS_DEVICE(rope_(x, heads, head_stride, offset, rope, layout, step, act)));
+}
+
+void rope2_(Tensor& a, int64_t heads_a, Tensor& b, int64_t heads_b, int64_t head_stride, int64_t offset,
+            const Rope& rope, RopeLayout layout, const Step& step, DType act) {
+  dispatch(
+      "rope", a.device(),
+      [&] {
+        cpu::rope_(a, heads_a, head_stride, offset, rope, layout, step, act);
+        cpu::rope_(b, heads_b, head_stride, offset, rope, layout, step, act);
+      },
+      MOEX_OPS_DEVICE(rope2_(a, heads_a, b, heads_b, head_stride, offset, rope, layout, step, act)));
 }
 
 LinearWeight prepare_linear(const Tensor& weight, bool keep_tensor) {
@@ -119,6 +141,16 @@ Tensor linear(const Tensor& x, const LinearWeight& weight, const Tensor& bias, D
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act) {
   return dispatch("linear", x.device(), [&] { return cpu::linear(x, weight, bias, act); }, MOEX_OPS_DEVICE(linear(x, weight, bias, act)));
+}
+
+std::vector<Tensor> linears(const Tensor& x, std::span<const LinearOf> ls, DType act) {
+  auto each = [&] {
+    std::vector<Tensor> ys;
+    ys.reserve(ls.size());
+    for (const LinearOf& l : ls) ys.push_back(linear(x, *l.weight, l.bias ? *l.bias : Tensor(), act));
+    return ys;
+  };
+  return dispatch("linears", x.device(), each, MOEX_OPS_DEVICE(linears(x, ls, act)));
 }
 
 Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_weight, DType act) {

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "moex/dtype.hpp"
@@ -158,6 +159,10 @@ void rms_norm_(Tensor& x, const Tensor& weight, float eps, DType act, int64_t gr
                RmsNormStyle style = RmsNormStyle::kLlama);
 Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, DType act, int64_t group = 0,
                 RmsNormStyle style = RmsNormStyle::kLlama);
+// The residual step between sub-layers: add_(h, delta, act), then rms_norm(h) over whole rows,
+// exactly those two ops (one launch on a device).
+Tensor add_rms_norm(Tensor& h, const Tensor& delta, const Tensor& weight, float eps, DType act,
+                    RmsNormStyle style = RmsNormStyle::kLlama);
 
 // ---- rotary position embedding ----
 
@@ -183,6 +188,9 @@ struct Rope {
 // (rotate_half(x) * sin), each product and the sum rounded to act (torch's bf16 ops).
 void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const Rope& rope,
            RopeLayout layout, const Step& step, DType act);
+// rope_(a, heads_a, ...) and rope_(b, heads_b, ...) (q and k; one launch on a device).
+void rope2_(Tensor& a, int64_t heads_a, Tensor& b, int64_t heads_b, int64_t head_stride, int64_t offset,
+            const Rope& rope, RopeLayout layout, const Step& step, DType act);
 
 // ---- linear ----
 
@@ -212,6 +220,16 @@ LinearWeight prepare_linear(const Tensor& weight, bool keep_tensor = false);
 Tensor linear(const Tensor& x, const LinearWeight& weight, const Tensor& bias, DType act);
 // The same with an unprepared weight, read in place (tests, one-off calls; slower on the host).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act);
+
+// Several linears of the same x: out[i] is exactly linear(x, *ls[i].weight, *ls[i].bias, act)
+// (bias may be null). On a device, decode-sized calls run as one launch (src/ops/cuda/
+// linear_gemv.cu): q / k / v, or a router beside a shared expert's projections, stream their
+// weights in one grid instead of paying a launch's start and drain each.
+struct LinearOf {
+  const LinearWeight* weight;
+  const Tensor* bias;
+};
+std::vector<Tensor> linears(const Tensor& x, std::span<const LinearOf> ls, DType act);
 
 // Per-group weight blocks read in place from one weight tensor [groups * group_rows, in]: group
 // g's block W_g is rows [g * group_rows + offset, g * group_rows + offset + rows), [rows, in].

@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "cuda/common.cuh"
+#include "cuda/pdl.cuh"
 #include "ops/cuda/attention_plan.hpp"
 
 namespace moex::ops::cuda {
@@ -300,6 +301,7 @@ inline constexpr int kCombineThreads = 128;
 // round(sum_s acc_s exp(m_s - M) / (sum_s l_s exp(m_s - M) + exp(sink - M))). eager: the splits
 // already hold normalised, rounded products: round(sum_s acc_s).
 __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(CombineParams p) {
+  moex::cuda::pdl_trigger();  // the output projection's GEMV may start streaming its weights
   const int64_t gq = int64_t(blockIdx.x) * (kCombineThreads / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (gq >= p.rows_heads) return;

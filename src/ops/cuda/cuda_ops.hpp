@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "ops/ops.hpp"
@@ -46,11 +47,16 @@ Tensor last_rows(const Tensor& x, const Step& step);
 // Out of place (no clone + in-place pass) and in place.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, DType act, int64_t group, RmsNormStyle style);
 void rms_norm_(Tensor& x, const Tensor& weight, float eps, DType act, int64_t group, RmsNormStyle style);
+// add_(h, delta) then rms_norm(h) in one launch (h in act, one norm group per row).
+Tensor add_rms_norm(Tensor& h, const Tensor& delta, const Tensor& weight, float eps, DType act, RmsNormStyle style);
 
 // cos/sin computed in the kernel exactly as Rope::cos_sin does on the host (float32 product of
 // inv_freq and the position, cos/sin in double, scaled, rounded), positions from step.device.
 void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const Rope& rope,
            RopeLayout layout, const Step& step, DType act);
+// rope_ on two tensors of the same rows (q and k) in one launch.
+void rope2_(Tensor& a, int64_t heads_a, Tensor& b, int64_t heads_b, int64_t head_stride, int64_t offset,
+            const Rope& rope, RopeLayout layout, const Step& step, DType act);
 
 // cuBLASLt (fp32 without TF32; bf16 / f16 with float32 accumulation), bias and rounding in the
 // epilogue.
@@ -64,6 +70,13 @@ inline constexpr int64_t kGemvMaxRows = 8;
 inline constexpr size_t kGemvMaxWeightBytes = size_t(256) << 20;
 bool gemv_serves(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act);
 Tensor linear_gemv(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// Up to kGemvMaxSegments GEMVs of the same x in one launch (each weight [out_i, in] with its bias
+// or an undefined tensor), each output exactly linear_gemv's; every weight must pass gemv_serves.
+inline constexpr int kGemvMaxSegments = 4;
+std::vector<Tensor> linear_gemv_segments(const Tensor& x, std::span<const Tensor* const> weights,
+                                         std::span<const Tensor* const> biases);
+// ops::linears: one GEMV launch when every linear qualifies, else one linear() each.
+std::vector<Tensor> linears(const Tensor& x, std::span<const LinearOf> ls, DType act);
 // cuBLASLt strided batched (one call, one batch per group, blocks read in place), float32
 // accumulation, rounded once to act in the epilogue.
 Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_weight, DType act);

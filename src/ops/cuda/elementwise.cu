@@ -13,6 +13,7 @@
 
 #include "moex/experts.hpp"
 #include "ops/cuda/cuda_ops.hpp"
+#include "cuda/pdl.cuh"
 #include "ops/cuda/small_ops.cuh"
 
 namespace moex::ops::cuda {
@@ -69,6 +70,7 @@ __global__ void clamp_kernel(T* __restrict__ x, int64_t n, float limit) {
 template <class T>
 __global__ void gated_activation_kernel(T* __restrict__ gate, const void* __restrict__ up, int up_code,
                                         int64_t n, int fn, int act) {
+  moex::cuda::pdl_trigger();  // the down projection's GEMV may start streaming its weights
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float a = round_to(activation(fn, to_float(gate[i])), act);
     gate[i] = from_float<T>(round_to(__fmul_rn(a, load_float(up, up_code, i)), act));

@@ -173,4 +173,22 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType a
   return y;
 }
 
+std::vector<Tensor> linears(const Tensor& x, std::span<const LinearOf> ls, DType act) {
+  moex::cuda::DeviceGuard guard(x.device().index);
+  const Tensor none;
+  std::vector<const Tensor*> ws, bs;
+  bool one_launch = !ls.empty() && ls.size() <= size_t(kGemvMaxSegments);
+  for (const LinearOf& l : ls) {
+    const Tensor& b = l.bias ? *l.bias : none;
+    ws.push_back(&l.weight->tensor);
+    bs.push_back(&b == &none ? nullptr : l.bias);
+    one_launch = one_launch && gemv_serves(x, l.weight->tensor, b, act) &&
+                 l.weight->tensor.size(1) == ls[0].weight->tensor.size(1);
+  }
+  if (one_launch) return linear_gemv_segments(x, ws, bs);
+  std::vector<Tensor> ys;
+  for (const LinearOf& l : ls) ys.push_back(linear(x, l.weight->tensor, l.bias ? *l.bias : none, act));
+  return ys;
+}
+
 }  // namespace moex::ops::cuda

@@ -18,9 +18,14 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "cuda/common.cuh"
+#include "cuda/pdl.cuh"
 #include "cuda/runtime.hpp"
+#include "moex/error.hpp"
 #include "ops/cuda/cuda_ops.hpp"
 
 namespace moex::ops::cuda {
@@ -50,12 +55,36 @@ __device__ __forceinline__ void widen8(const uint4& v, const __half*, float* f) 
   }
 }
 
+// Up to kGemvMaxSegments linears of the same x in one launch (q / k / v; a router beside a
+// shared expert's gate and up): segment i owns blocks [block0, next block0). A single linear is
+// a one-segment launch of the same kernel, so linears() and linear() give the same bits.
+template <class T>
+struct Segment {
+  const T* w;
+  const T* bias;
+  T* y;
+  int64_t out;
+  int64_t block0;
+};
+template <class T>
+struct Segments {
+  Segment<T> s[kGemvMaxSegments];
+  int n;
+};
+
 template <class T, int M>
 __global__ void __launch_bounds__(kWarps * 32)
-    gemv_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-                T* __restrict__ y, int64_t in, int64_t out) {
+    gemv_kernel(const T* __restrict__ x, const Segments<T> segs, int64_t in) {
+  int si = 0;
+#pragma unroll
+  for (int i = 1; i < kGemvMaxSegments; ++i)
+    if (i < segs.n && int64_t(blockIdx.x) >= segs.s[i].block0) si = i;
+  const T* __restrict__ w = segs.s[si].w;
+  const T* __restrict__ bias = segs.s[si].bias;
+  T* __restrict__ y = segs.s[si].y;
+  const int64_t out = segs.s[si].out;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t n0 = int64_t(blockIdx.x) * kColumns;
+  const int64_t n0 = (int64_t(blockIdx.x) - segs.s[si].block0) * kColumns;
   const int cols = out - n0 < kColumns ? int(out - n0) : kColumns;
   float acc[M][kColumns];
 #pragma unroll
@@ -63,14 +92,24 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int c = 0; c < kColumns; ++c) acc[m][c] = 0.0f;
 
-  for (int64_t k = int64_t(warp) * kChunk + lane * 8; k < in; k += int64_t(kWarps) * kChunk) {
-    uint4 wv[kColumns];
+  // The weights are no kernel's output: the first chunk is loaded before waiting for the kernel
+  // that writes x (pdl.cuh), and each later chunk is loaded before the previous one is used.
+  const int64_t step = int64_t(kWarps) * kChunk;
+  int64_t k = int64_t(warp) * kChunk + lane * 8;
+  uint4 wv[kColumns];
+  auto load_w = [&](int64_t kk) {
 #pragma unroll
     for (int c = 0; c < kColumns; ++c)
-      wv[c] = c < cols ? __ldcs(reinterpret_cast<const uint4*>(w + (n0 + c) * in + k)) : make_uint4(0, 0, 0, 0);
+      wv[c] = c < cols ? __ldcs(reinterpret_cast<const uint4*>(w + (n0 + c) * in + kk)) : make_uint4(0, 0, 0, 0);
+  };
+  if (k < in) load_w(k);
+  moex::cuda::pdl_wait();
+  moex::cuda::pdl_trigger();
+  for (; k < in; k += step) {
     float wf[kColumns][8];
 #pragma unroll
     for (int c = 0; c < kColumns; ++c) widen8(wv[c], w, wf[c]);
+    if (k + step < in) load_w(k + step);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float xf[8];
@@ -106,26 +145,38 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <class T, int M>
-void launch(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, cudaStream_t s) {
-  const int64_t in = w.size(1), out = w.size(0);
-  const int64_t blocks = (out + kColumns - 1) / kColumns;
-  gemv_kernel<T, M><<<unsigned(blocks), kWarps * 32, 0, s>>>(
-      static_cast<const T*>(x.raw()), static_cast<const T*>(w.raw()),
-      b.defined() ? static_cast<const T*>(b.raw()) : nullptr, static_cast<T*>(y.raw()), in, out);
-  MOEX_CUDA_CHECK_LAUNCH("gemv_kernel");
+void launch(const T* x, const Segments<T>& segs, int64_t blocks, int64_t in, cudaStream_t s, int device) {
+  moex::cuda::launch_pdl(gemv_kernel<T, M>, dim3(unsigned(blocks)), dim3(kWarps * 32), 0, s, device, x, segs, in);
 }
 
+// x [rows, in]; weights[i] [out_i, in] with bias[i] (or undefined) into ys[i] [rows, out_i].
 template <class T>
-void launch_rows(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, cudaStream_t s) {
+void launch_segments(const Tensor& x, std::span<const Tensor* const> weights,
+                     std::span<const Tensor* const> biases, std::vector<Tensor>& ys, cudaStream_t s) {
+  const int device = x.device().index;
+  Segments<T> segs{};
+  int64_t blocks = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const Tensor& w = *weights[i];
+    const int64_t out = w.size(0);
+    if (out == 0) continue;
+    segs.s[segs.n++] = {static_cast<const T*>(w.raw()),
+                        biases[i] && biases[i]->defined() ? static_cast<const T*>(biases[i]->raw()) : nullptr,
+                        static_cast<T*>(ys[i].raw()), out, blocks};
+    blocks += (out + kColumns - 1) / kColumns;
+  }
+  if (blocks == 0) return;
+  const T* xp = static_cast<const T*>(x.raw());
+  const int64_t in = weights[0]->size(1);
   switch (x.size(0)) {
-    case 1: launch<T, 1>(x, w, b, y, s); break;
-    case 2: launch<T, 2>(x, w, b, y, s); break;
-    case 3: launch<T, 3>(x, w, b, y, s); break;
-    case 4: launch<T, 4>(x, w, b, y, s); break;
-    case 5: launch<T, 5>(x, w, b, y, s); break;
-    case 6: launch<T, 6>(x, w, b, y, s); break;
-    case 7: launch<T, 7>(x, w, b, y, s); break;
-    default: launch<T, 8>(x, w, b, y, s); break;
+    case 1: launch<T, 1>(xp, segs, blocks, in, s, device); break;
+    case 2: launch<T, 2>(xp, segs, blocks, in, s, device); break;
+    case 3: launch<T, 3>(xp, segs, blocks, in, s, device); break;
+    case 4: launch<T, 4>(xp, segs, blocks, in, s, device); break;
+    case 5: launch<T, 5>(xp, segs, blocks, in, s, device); break;
+    case 6: launch<T, 6>(xp, segs, blocks, in, s, device); break;
+    case 7: launch<T, 7>(xp, segs, blocks, in, s, device); break;
+    default: launch<T, 8>(xp, segs, blocks, in, s, device); break;
   }
 }
 
@@ -143,13 +194,27 @@ bool gemv_serves(const Tensor& x, const Tensor& weight, const Tensor& bias, DTyp
          weight.is_contiguous() && aligned16(x.raw()) && aligned16(weight.raw());
 }
 
-Tensor linear_gemv(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  Tensor y = Tensor::empty({x.size(0), weight.size(0)}, weight.dtype(), x.device());
-  if (weight.size(0) == 0) return y;
+std::vector<Tensor> linear_gemv_segments(const Tensor& x, std::span<const Tensor* const> weights,
+                                         std::span<const Tensor* const> biases) {
+  if (weights.empty() || weights.size() > size_t(kGemvMaxSegments) || biases.size() != weights.size())
+    throw InvalidInput("linear_gemv: 1.." + std::to_string(kGemvMaxSegments) + " weights, one bias slot each");
+  std::vector<Tensor> ys;
+  ys.reserve(weights.size());
+  for (const Tensor* w : weights) {
+    if (w->size(1) != weights[0]->size(1) || w->dtype() != weights[0]->dtype())
+      throw InvalidInput("linear_gemv: the weights of one launch share in_features and dtype");
+    ys.push_back(Tensor::empty({x.size(0), w->size(0)}, w->dtype(), x.device()));
+  }
   cudaStream_t s = moex::cuda::current_stream();
-  if (weight.dtype() == DType::kBF16) launch_rows<__nv_bfloat16>(x, weight, bias, y, s);
-  else launch_rows<__half>(x, weight, bias, y, s);
-  return y;
+  if (weights[0]->dtype() == DType::kBF16) launch_segments<__nv_bfloat16>(x, weights, biases, ys, s);
+  else launch_segments<__half>(x, weights, biases, ys, s);
+  return ys;
+}
+
+Tensor linear_gemv(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const Tensor* w[1] = {&weight};
+  const Tensor* b[1] = {&bias};
+  return std::move(linear_gemv_segments(x, w, b)[0]);
 }
 
 }  // namespace moex::ops::cuda

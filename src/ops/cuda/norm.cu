@@ -14,6 +14,7 @@
 // result does not change from run to run.
 #include <string>
 
+#include "cuda/pdl.cuh"
 #include "ops/cuda/cuda_ops.hpp"
 #include "ops/cuda/small_ops.cuh"
 
@@ -22,6 +23,7 @@ namespace moex::ops::cuda {
 namespace {
 
 using moex::cuda::from_float;
+using moex::cuda::to_float;
 
 constexpr int kWarpGroupMax = 1024;
 constexpr int kBlockTeam = 512;
@@ -35,11 +37,15 @@ __device__ __forceinline__ double warp_sum(double v) {
 
 // kTeam = 32: a warp per group, kWarpsPerBlock groups per block; otherwise the block is the team.
 // x and out may alias (in place): each element is read and then written by the same thread.
+// With `delta` (add_rms_norm): x is a TO tensor updated first, x = round(x + delta), and the
+// norm reads the updated values; the thread that writes an element is the one that reads it back.
 template <class TO, int kTeam>
 __global__ void __launch_bounds__(kTeam == 32 ? kThreads : kTeam)
     rms_norm_kernel(const void* x, int x_code, const void* __restrict__ w, int w_code, int64_t groups,
-                    int64_t group, float eps, int act, int inner, TO* out) {
+                    int64_t group, float eps, int act, int inner, TO* out, const void* __restrict__ delta,
+                    int delta_code) {
   __shared__ double partial[kTeam == 32 ? 1 : kTeam / 32];
+  moex::cuda::pdl_trigger();  // the projections after a norm may start streaming their weights
   const int lane = threadIdx.x % kTeam;
   const int64_t g = kTeam == 32 ? blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32 : int64_t(blockIdx.x);
   // A warp team past the last group still takes part in nothing block-wide: it may leave.
@@ -47,9 +53,18 @@ __global__ void __launch_bounds__(kTeam == 32 ? kThreads : kTeam)
   const int64_t base = g * group;
 
   double ss = 0;
-  for (int64_t i = lane; i < group; i += kTeam) {
-    const double v = load_float(x, x_code, base + i);
-    ss += v * v;
+  if (delta) {
+    TO* h = static_cast<TO*>(const_cast<void*>(x));
+    for (int64_t i = lane; i < group; i += kTeam) {
+      const float v = round_to(__fadd_rn(to_float(h[base + i]), load_float(delta, delta_code, base + i)), act);
+      h[base + i] = from_float<TO>(v);
+      ss += double(v) * double(v);
+    }
+  } else {
+    for (int64_t i = lane; i < group; i += kTeam) {
+      const double v = load_float(x, x_code, base + i);
+      ss += v * v;
+    }
   }
   ss = warp_sum(ss);
   if constexpr (kTeam > 32) {
@@ -71,7 +86,8 @@ __global__ void __launch_bounds__(kTeam == 32 ? kThreads : kTeam)
 // x_code / x_raw: the input; out: the output of element type TO (x itself when in place).
 template <class TO>
 void launch_rms_norm(const void* x_raw, int x_code, const Tensor& weight, int64_t numel, int64_t group,
-                     float eps, DType act, RmsNormStyle style, TO* out) {
+                     float eps, DType act, RmsNormStyle style, TO* out, const void* delta = nullptr,
+                     int delta_code = 0) {
   const int64_t groups = numel / group;
   const int act_code = float_code(act, "rms_norm"), w_code = float_code(weight.dtype(), "rms_norm");
   // Llama casts x * r to the activation dtype before the weight product; gpt-oss does not.
@@ -81,11 +97,11 @@ void launch_rms_norm(const void* x_raw, int x_code, const Tensor& weight, int64_
     const int64_t blocks = (groups + kWarpsPerBlock - 1) / kWarpsPerBlock;
     if (blocks > 0x7fffffff) throw Unsupported("rms_norm: " + std::to_string(groups) + " groups");
     rms_norm_kernel<TO, 32><<<unsigned(blocks), kThreads, 0, s>>>(x_raw, x_code, weight.raw(), w_code, groups,
-                                                                  group, eps, act_code, inner, out);
+                                                                  group, eps, act_code, inner, out, delta, delta_code);
   } else {
     if (groups > 0x7fffffff) throw Unsupported("rms_norm: " + std::to_string(groups) + " groups");
     rms_norm_kernel<TO, kBlockTeam><<<unsigned(groups), kBlockTeam, 0, s>>>(
-        x_raw, x_code, weight.raw(), w_code, groups, group, eps, act_code, inner, out);
+        x_raw, x_code, weight.raw(), w_code, groups, group, eps, act_code, inner, out, delta, delta_code);
   }
   MOEX_CUDA_CHECK_LAUNCH(rms_norm_kernel);
 }
@@ -114,6 +130,23 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, DType act, int
   with_float_type(act, "rms_norm", [&](auto t) {
     using T = decltype(t);
     launch_rms_norm<T>(x.raw(), x_code, weight, numel, group, eps, act, style, out.data<T>());
+  });
+  return out;
+}
+
+Tensor add_rms_norm(Tensor& h, const Tensor& delta, const Tensor& weight, float eps, DType act, RmsNormStyle style) {
+  const int64_t numel = h.numel(), group = h.size(1);
+  if (h.dtype() != act || delta.numel() != numel) {  // not the residual stream of a model: the two ops
+    cuda::add_(h, delta, act);
+    return cuda::rms_norm(h, weight, eps, act, 0, style);
+  }
+  moex::cuda::DeviceGuard g(h.device().index);
+  Tensor out = Tensor::empty(h.shape(), act, h.device());
+  if (numel == 0 || group == 0) return out;
+  const int code = float_code(act, "add_rms_norm"), d_code = float_code(delta.dtype(), "add_rms_norm");
+  with_float_type(act, "add_rms_norm", [&](auto t) {
+    using T = decltype(t);
+    launch_rms_norm<T>(h.raw(), code, weight, numel, group, eps, act, style, out.data<T>(), delta.raw(), d_code);
   });
   return out;
 }

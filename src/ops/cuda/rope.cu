@@ -14,6 +14,7 @@
 // their float32 roundings agree unless the double value lies within a few 1e-16 of a float32
 // rounding boundary (about once in 10^8 values); every later step is the host's float32 / act
 // rounding sequence, with products and sums kept apart (no FMA contraction).
+#include <algorithm>
 #include <string>
 
 #include "ops/cuda/cuda_ops.hpp"
@@ -28,13 +29,18 @@ using moex::cuda::to_float;
 
 constexpr int kMaxPairs = 256;  // rotary_dim up to 512
 
+// Up to two tensors of the same rows (q and k) in one launch: blockIdx.y picks one.
+struct RopeTarget {
+  void* x;
+  int64_t width;  // the row length
+  int heads;
+};
 struct RopeParams {
   float inv_freq[kMaxPairs];
   const int32_t* positions;  // [rows] in the step's device mirror
-  int64_t width;             // x's row length
+  RopeTarget target[2];
   int64_t head_stride;
   int64_t offset;            // first rotated dim of each head
-  int heads;
   int half;                  // rotary_dim / 2
   float scale;               // attention_scaling, as float (the host's factor)
   int act;
@@ -42,8 +48,11 @@ struct RopeParams {
 };
 
 template <class T>
-__global__ void __launch_bounds__(kThreads) rope_kernel(T* x, const RopeParams p) {
+__global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p) {
   const int64_t row = blockIdx.x;
+  T* x = static_cast<T*>(p.target[blockIdx.y].x);
+  const int64_t width = p.target[blockIdx.y].width;
+  const int heads = p.target[blockIdx.y].heads;
   const int i = threadIdx.x;
   const bool active = i < p.half;
   float c = 0.0f, s = 0.0f;
@@ -54,10 +63,10 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(T* x, const RopeParams p
   }
   // Every thread runs the same number of iterations: the interleaved layout needs a barrier
   // between reading a head and writing it back (slot i receives x[2i], read by another thread).
-  for (int h0 = 0; h0 < p.heads; h0 += blockDim.y) {
+  for (int h0 = 0; h0 < heads; h0 += blockDim.y) {
     const int h = h0 + threadIdx.y;
-    T* v = x + row * p.width + int64_t(h) * p.head_stride + p.offset;
-    const bool on = active && h < p.heads;
+    T* v = x + row * width + int64_t(h) * p.head_stride + p.offset;
+    const bool on = active && h < heads;
     float x1 = 0.0f, x2 = 0.0f;
     if (on) {
       x1 = to_float(v[p.interleaved ? 2 * i : i]);
@@ -78,24 +87,28 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(T* x, const RopeParams p
 
 }  // namespace
 
-void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const Rope& rope,
-           RopeLayout layout, const Step& step, DType act) {
+namespace {
+
+void launch_rope(Tensor& a, int64_t heads_a, Tensor* b, int64_t heads_b, int64_t head_stride, int64_t offset,
+                 const Rope& rope, RopeLayout layout, const Step& step, DType act) {
   const int64_t rows = step.rows(), half = rope.rotary_dim / 2;
-  if (rows == 0 || heads == 0 || half == 0) return;
+  if (rows == 0 || half == 0) return;
   if (half > kMaxPairs || int64_t(rope.inv_freq.size()) < half)
     throw Unsupported("rope: rotary_dim " + std::to_string(rope.rotary_dim) + " with " +
                       std::to_string(rope.inv_freq.size()) + " frequencies (the CUDA rope takes up to " +
                       std::to_string(2 * kMaxPairs) + " dims)");
+  const int64_t heads = std::max(heads_a, b ? heads_b : 0);
   if (heads > 0x7fffffff || rows > 0x7fffffff)
     throw Unsupported("rope: " + std::to_string(rows) + " rows x " + std::to_string(heads) + " heads");
-  const Device dev = x.device();
+  if (heads == 0) return;
+  const Device dev = a.device();
   RopeParams p{};
   for (int64_t i = 0; i < half; ++i) p.inv_freq[i] = float(rope.inv_freq[size_t(i)]);
   p.positions = device_step_data(step, dev, "rope") + device_step_position_offset(step);
-  p.width = x.size(1);
+  p.target[0] = {a.raw(), a.size(1), int(heads_a)};
+  if (b) p.target[1] = {b->raw(), b->size(1), int(heads_b)};
   p.head_stride = head_stride;
   p.offset = offset;
-  p.heads = int(heads);
   p.half = int(half);
   p.scale = float(rope.attention_scaling);
   p.act = float_code(act, "rope");
@@ -105,12 +118,29 @@ void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const 
   const int tx = int((half + 31) / 32 * 32);
   const int ty = int(std::min<int64_t>(heads, std::max(1, kThreads / tx)));
   moex::cuda::DeviceGuard g(dev.index);
-  with_float_type(x.dtype(), "rope", [&](auto t) {
+  with_float_type(a.dtype(), "rope", [&](auto t) {
     using T = decltype(t);
-    rope_kernel<T><<<unsigned(rows), dim3(unsigned(tx), unsigned(ty)), 0, moex::cuda::current_stream()>>>(
-        x.data<T>(), p);
+    rope_kernel<T><<<dim3(unsigned(rows), b ? 2u : 1u), dim3(unsigned(tx), unsigned(ty)), 0,
+                     moex::cuda::current_stream()>>>(p);
   });
   MOEX_CUDA_CHECK_LAUNCH(rope_kernel);
+}
+
+}  // namespace
+
+void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const Rope& rope,
+           RopeLayout layout, const Step& step, DType act) {
+  launch_rope(x, heads, nullptr, 0, head_stride, offset, rope, layout, step, act);
+}
+
+void rope2_(Tensor& a, int64_t heads_a, Tensor& b, int64_t heads_b, int64_t head_stride, int64_t offset,
+            const Rope& rope, RopeLayout layout, const Step& step, DType act) {
+  if (a.dtype() != b.dtype()) {
+    launch_rope(a, heads_a, nullptr, 0, head_stride, offset, rope, layout, step, act);
+    launch_rope(b, heads_b, nullptr, 0, head_stride, offset, rope, layout, step, act);
+    return;
+  }
+  launch_rope(a, heads_a, &b, heads_b, head_stride, offset, rope, layout, step, act);
 }
 
 }  // namespace moex::ops::cuda

@@ -3,8 +3,10 @@
 // movements (ops/cuda/torch_topk.cuh says why and how).
 //
 // Layout: a warp per row, the row's (value, index) pairs in shared memory. The lanes do the
-// element-wise parts (loads, exp, sigmoid, group scores); lane 0 does everything whose order the
-// host fixes (the max scan, float sums in index order, the selection). E is at most a few hundred
+// element-wise parts (loads, max, exp, sigmoid, group scores) and the sorted selection when no tie
+// can decide it (distinct_sorted_topk: ranks counted in parallel); lane 0 does everything whose
+// order the host fixes (float sums in index order, the selection when ties make the replay
+// necessary, and the unsorted selections, whose slot order is the algorithm's). E is at most a few hundred
 // in practice, so a row costs a few thousand shared-memory steps; rows run in parallel across
 // warps and blocks. Device values equal the host's wherever the host's are equal (same float32
 // operations; exp / sigmoid evaluated as in small_ops.cuh), which is all the replay needs.
@@ -42,6 +44,61 @@ __device__ __forceinline__ RowSmem row_smem(int E, int G) {
 
 __device__ __forceinline__ float bcast(float v) { return __shfl_sync(0xffffffffu, v, 0); }
 
+// The sorted top k of a[0, E) by the whole warp, when ties cannot matter: if no value among the k
+// largest equals any other value of the row and there is no NaN, the k largest in descending
+// order are unique, so libstdc++'s moves (the replay) and a rank count put the same elements in
+// the same slots. Each lane ranks its elements (how many values are larger) against the row
+// read by broadcast; the winners move to a[rank]. Returns false, leaving `a` untouched, when a
+// tie or a NaN needs the replay (warp-uniform), or E is beyond the per-lane budget.
+constexpr int kFastPerLane = 8;  // E <= 256
+__device__ bool distinct_sorted_topk(Elem* a, int E, int k, int lane) {
+  if (E > 32 * kFastPerLane) return false;
+  float v[kFastPerLane];
+  int greater[kFastPerLane], equal[kFastPerLane];
+#pragma unroll
+  for (int r = 0; r < kFastPerLane; ++r) {
+    const int e = lane + 32 * r;
+    v[r] = e < E ? a[e].v : 0.0f;
+    greater[r] = 0;
+    equal[r] = 0;
+  }
+  bool nan = false;
+  for (int j = 0; j < E; ++j) {
+    const float x = a[j].v;  // the same address for every lane: a broadcast
+    nan |= x != x;
+#pragma unroll
+    for (int r = 0; r < kFastPerLane; ++r) {
+      greater[r] += x > v[r];
+      equal[r] += x == v[r];
+    }
+  }
+  bool tie = false;
+#pragma unroll
+  for (int r = 0; r < kFastPerLane; ++r)
+    tie |= lane + 32 * r < E && greater[r] < k && equal[r] > 1;  // equal counts the element itself
+  if (__any_sync(0xffffffffu, tie || nan)) return false;
+  __syncwarp();  // every lane has read the row before the winners move
+#pragma unroll
+  for (int r = 0; r < kFastPerLane; ++r) {
+    const int e = lane + 32 * r;
+    if (e < E && greater[r] < k) a[greater[r]] = {v[r], e};
+  }
+  __syncwarp();
+  return true;
+}
+
+// std::max_element's result over a[0, E): its scan never moves past index 0 when a[0] is NaN
+// and skips NaN elsewhere, so it is NaN when a[0] is and the largest non-NaN value otherwise
+// (which of equal maxima, +0 or -0, it names cannot change exp(v - max)).
+__device__ float warp_max_element(const Elem* a, int E, int lane) {
+  float m = -INFINITY;
+  for (int e = lane; e < E; e += 32) m = fmaxf(m, a[e].v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const float first = a[0].v;
+  return first != first ? first : m;
+}
+
 __global__ void softmax_topk_kernel(const void* __restrict__ logits, int code, int64_t rows, int E, int k,
                                     bool normalize, int w_code, int64_t* __restrict__ idx_out,
                                     float* __restrict__ w_out) {
@@ -52,15 +109,8 @@ __global__ void softmax_topk_kernel(const void* __restrict__ logits, int code, i
   Elem* a = m.experts;
   for (int e = lane; e < E; e += 32) a[e] = {load_float(logits, code, row * E + e), e};
   __syncwarp();
-  // std::max_element's scan (its NaN behaviour included), then exp and the float sum in index order.
-  float mx = 0.0f;
-  if (lane == 0) {
-    int best = 0;
-    for (int e = 1; e < E; ++e)
-      if (a[best].v < a[e].v) best = e;
-    mx = a[best].v;
-  }
-  mx = bcast(mx);
+  // std::max_element's value, then exp and the float sum in index order (one lane: the host's order).
+  const float mx = warp_max_element(a, E, lane);
   for (int e = lane; e < E; e += 32) a[e].v = exp_f(__fsub_rn(a[e].v, mx));
   __syncwarp();
   float sum = 0.0f;
@@ -69,8 +119,9 @@ __global__ void softmax_topk_kernel(const void* __restrict__ logits, int code, i
   sum = bcast(sum);
   for (int e = lane; e < E; e += 32) a[e].v = __fdiv_rn(a[e].v, sum);
   __syncwarp();
+  const bool fast = distinct_sorted_topk(a, E, k, lane);
   if (lane != 0) return;
-  torch_topk(a, E, k, /*sorted=*/true, m.stack);
+  if (!fast) torch_topk(a, E, k, /*sorted=*/true, m.stack);
   float s = 0.0f;
   if (normalize)
     for (int j = 0; j < k; ++j) s = __fadd_rn(s, a[j].v);
@@ -90,8 +141,9 @@ __global__ void topk_softmax_kernel(const void* __restrict__ logits, int code, i
   Elem* a = m.experts;
   for (int e = lane; e < E; e += 32) a[e] = {load_float(logits, code, row * E + e), e};
   __syncwarp();
+  const bool fast = distinct_sorted_topk(a, E, k, lane);
   if (lane != 0) return;
-  torch_topk(a, E, k, /*sorted=*/true, m.stack);
+  if (!fast) torch_topk(a, E, k, /*sorted=*/true, m.stack);
   // a[0] holds the largest chosen value, so every exp(v - top) <= 1.
   const float top = a[0].v;
   float sum = 0.0f;
