@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/strict_json.hpp"
 #include "model/architecture.hpp"
 #include "moex/checkpoint.hpp"
 #include "moex/error.hpp"
@@ -30,12 +31,11 @@ ExpertsImplementation parse_experts_implementation(const std::string& spec) {
   if (first == std::string::npos)
     throw InvalidInput("empty experts implementation; give a backend name or a JSON object");
   if (spec[first] != '{') return {{"", spec}};
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(spec);
-  } catch (const std::exception& e) {
-    throw InvalidInput("experts implementation '" + spec + "' is not valid JSON: " + e.what());
-  }
+  // Strict: {"text_config": "eager", "text_config": "grouped_mm"} is an error, not last-wins.
+  const nlohmann::json j =
+      io::parse_json_strict(spec.data(), spec.size(), "experts implementation '" + spec + "'", 4);
+  if (!j.is_object())
+    throw InvalidInput("experts implementation '" + spec + "' must be a backend name or a JSON object");
   ExpertsImplementation m;
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (!it.value().is_string())
