@@ -60,6 +60,10 @@ struct LoadOptions {
   // on that GPU (weights are copied from the memory-mapped files straight to the device).
   Device device = Device::cpu();
   ExpertsImplementation experts_implementation;  // {} = the default everywhere
+  // Load progress: called on the loading thread with the bytes of checkpoint tensors read so far
+  // and the bytes of all of them, as each weight is read, and once more with done == total when
+  // the model is built. Empty = no calls.
+  std::function<void(int64_t done, int64_t total)> progress;
 };
 
 // LoadOptions from the strings a user types ("" = the default): dtype "float32" / "bfloat16"

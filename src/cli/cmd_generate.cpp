@@ -22,6 +22,7 @@
 
 #include "cli/args.hpp"
 #include "cli/command.hpp"
+#include "cli/load_progress.hpp"
 #include "cli/text_stream.hpp"
 #include "moex/checkpoint.hpp"
 #include "moex/error.hpp"
@@ -169,7 +170,11 @@ int run_generate(const std::vector<std::string>& argv) {
 
   LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
                                     a.get_or("experts-implementation", ""));
-  auto lm = from_pretrained(dir, o);
+  std::unique_ptr<CausalLM> lm;
+  {
+    LoadProgress progress(o);
+    lm = from_pretrained(dir, o);
+  }
   const int64_t vocab = lm->info().vocab_size;
   if (tok)
     for (int64_t id : prompts[0])

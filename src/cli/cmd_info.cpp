@@ -6,6 +6,7 @@
 
 #include "cli/args.hpp"
 #include "cli/command.hpp"
+#include "cli/load_progress.hpp"
 #include "moex/model.hpp"
 
 namespace moex::cli {
@@ -19,7 +20,11 @@ int run_info(const std::vector<std::string>& argv) {
   Args a(argv, kUsage);
   LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
                                     a.get_or("experts-implementation", ""));
-  auto lm = from_pretrained(a.require("model"), o);
+  std::unique_ptr<CausalLM> lm;
+  {
+    LoadProgress progress(o);
+    lm = from_pretrained(a.require("model"), o);
+  }
   const ModelInfo& i = lm->info();
   nlohmann::json j;
   j["model_type"] = i.model_type;

@@ -233,10 +233,19 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const LoadOpti
       }
     o.dtype = parse_dtype(name);
   }
+  int64_t total = 0, done = 0;
+  if (o.progress) {
+    for (const auto& name : ckpt->names()) total += int64_t(ckpt->get(name).nbytes());
+    ckpt->set_read_hook([&](int64_t bytes) { o.progress(done = std::min(total, done + bytes), total); });
+  }
   for (const auto& e : model::architectures())
     if (type == e.model_type) {
       const auto t0 = std::chrono::steady_clock::now();
       std::unique_ptr<CausalLM> m = e.make(*ckpt, o);
+      if (o.progress) {
+        ckpt->set_read_hook(nullptr);  // it refers to this frame; the model may keep the checkpoint
+        o.progress(total, total);
+      }
       m->info_.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return m;
     }
