@@ -83,6 +83,10 @@ TEST_F(CliArgs, HelpOnEveryCommand) {
   Result r = run("generate --model " + qwen2() + " --bogus --help");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.rfind("usage: moex generate", 0), 0u);
+  // A flag where a value belongs is no value: help again.
+  r = run("generate --prompt --help");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("usage: moex generate", 0), 0u);
   // A value that reads "-h" is a value, not a help request.
   r = run("tokenize --model " + test::data_path("tokenizers/qwen2_bytelevel") + " --text -h");
   EXPECT_EQ(r.exit_code, 0) << r.err;

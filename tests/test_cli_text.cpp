@@ -189,6 +189,7 @@ TEST_F(CliText, PromptFileIsReadVerbatim) {
   EXPECT_EQ(seq[0].size(), Tokenizer::from_dir(model_).encode(text, true).size() + 6);
 
   expect_clean_error("generate --model " + model_ + " --prompt-file " + tmp_ + "/missing.txt", "missing.txt");
+  expect_clean_error("generate --model " + model_ + " --prompt-file " + tmp_, "is a directory");
   // Not UTF-8: the tokenizer refuses it.
   std::ofstream(file, std::ios::binary) << "caf\xE9";
   expect_clean_error("generate --model " + model_ + " --prompt-file " + file, "UTF-8");

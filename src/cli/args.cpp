@@ -61,7 +61,8 @@ bool wants_help(const std::vector<std::string>& argv, const std::vector<Flag>& f
     if (argv[i].rfind("--", 0) != 0) continue;
     const Word w = split_flag(argv[i]);
     const Flag* f = find_flag(flags, w.name);
-    if (f && !f->value.empty() && !w.inline_value) ++i;  // the next word is this flag's value
+    // The next word is this flag's value, unless it is a flag (which the parser rejects as a value).
+    if (f && !f->value.empty() && !w.inline_value && i + 1 < argv.size() && argv[i + 1].rfind("--", 0) != 0) ++i;
   }
   return false;
 }

@@ -84,7 +84,7 @@ std::pair<int64_t, std::string> pad_token(const std::string& dir, const CausalLM
 }
 
 const Usage& generate_usage() {
-  static const Usage u = [] {
+  static const Usage usage = [] {
     Usage u{"generate", "--model DIR (--prompt TEXT | --prompt-file PATH | --prompt-ids IDS) [flags]",
             "Continue a prompt. A text prompt (--prompt, --prompt-file) is encoded with DIR/tokenizer.json\n"
             "(special tokens added, as tokenizers' encode does) and the continuation is printed as it is\n"
@@ -108,7 +108,7 @@ const Usage& generate_usage() {
     for (auto& f : decode_flags()) u.flags.push_back(f);
     return u;
   }();
-  return u;
+  return usage;
 }
 
 // The text prompt's bytes: --prompt as given, --prompt-file verbatim ("-" = stdin).
@@ -118,6 +118,7 @@ std::string read_text_prompt(const Args& a) {
   std::ifstream file;
   std::istream* in = &std::cin;
   if (path != "-") {
+    if (std::filesystem::is_directory(path)) throw InvalidInput("--prompt-file '" + path + "' is a directory");
     file.open(path, std::ios::binary);
     if (!file) throw InvalidInput("cannot open --prompt-file '" + path + "': " + std::strerror(errno));
     in = &file;

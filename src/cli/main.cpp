@@ -30,7 +30,7 @@ static int print_version() {
 
 static const Registration kVersion({"version", "print the version (as moex --version)",
                                     [](const std::vector<std::string>& argv) {
-                                      Args(argv, {"version", "", "print the version", {}});
+                                      const Args no_flags(argv, {"version", "", "print the version", {}});
                                       return print_version();
                                     }});
 
