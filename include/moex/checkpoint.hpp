@@ -3,6 +3,8 @@
 // looked up by name across shards; nothing is read until asked for.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -35,7 +37,12 @@ class Checkpoint {
   // Throws InvalidInput "tensor 'x' has shape [a, b], expected [c, d]".
   Tensor get(const std::string& name, const Shape& expected, DType dtype) const;
 
+  // Called with the stored bytes of each tensor the checked get() hands out, i.e. as a model is
+  // loaded (load progress). Set it before loading; get() calls it on the caller's thread.
+  void set_read_hook(std::function<void(int64_t bytes)> hook) { read_hook_ = std::move(hook); }
+
  private:
+  std::function<void(int64_t bytes)> read_hook_;
   std::string dir_;
   std::shared_ptr<nlohmann::json> config_, generation_config_;
   std::map<std::string, std::shared_ptr<SafetensorsFile>> files_;  // shard file -> mapping

@@ -22,9 +22,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,8 +46,8 @@ struct Step;
 using ExpertsImplementation = std::map<std::string, std::string>;
 
 // Parses a user SPEC: a backend name ("eager" -> {"": "eager"}) or a JSON object of strings
-// ({"text_config": "grouped_mm", "": "eager"}). Throws InvalidInput on malformed JSON or values
-// that are not strings. Names are checked later, against the model and the registry.
+// ({"text_config": "grouped_mm", "": "eager"}). Throws InvalidInput on malformed JSON, a key given
+// twice or values that are not strings. Names are checked later, against the model and the registry.
 ExpertsImplementation parse_experts_implementation(const std::string& spec);
 // JSON text of a map, keys sorted ("{\"\": \"eager\", \"text_config\": \"eager\"}" style, compact).
 std::string experts_implementation_json(const ExpertsImplementation& map);
@@ -58,6 +60,10 @@ struct LoadOptions {
   // on that GPU (weights are copied from the memory-mapped files straight to the device).
   Device device = Device::cpu();
   ExpertsImplementation experts_implementation;  // {} = the default everywhere
+  // Load progress: called on the loading thread with the bytes of checkpoint tensors read so far
+  // and the bytes of all of them, as each weight is read, and once more with done == total when
+  // the model is built. Empty = no calls.
+  std::function<void(int64_t done, int64_t total)> progress;
 };
 
 // LoadOptions from the strings a user types ("" = the default): dtype "float32" / "bfloat16"
@@ -86,6 +92,12 @@ struct GenerationOptions {
   // it reads routing counts on the host) falls back to direct launches, said in
   // GenerationStats::graph_note. Ignored on the host.
   bool cuda_graph = true;
+  // Called once per generated position, on the calling thread, as soon as that step's ids are
+  // chosen (they are on the host by then on every device, so the call adds no device sync):
+  // `ids` holds one id per sequence, a finished sequence repeating its stop token. The first call
+  // follows the prefill; there are new_tokens calls in all. Its time counts in the stage's
+  // seconds; an exception it throws ends generate() and propagates. Streaming text is built on it.
+  std::function<void(std::span<const int64_t> ids)> on_step;
 };
 
 // Timing of the last generate() call (wall clock, seconds).

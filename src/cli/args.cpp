@@ -1,5 +1,6 @@
 #include "cli/args.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 
@@ -25,41 +26,99 @@ double parse_double(const std::string& s, const std::string& what) {
   return v;
 }
 
-Args::Args(const std::vector<std::string>& argv, std::set<std::string> valued,
-           std::set<std::string> switches) {
+namespace {
+
+bool is_help(const std::string& word) { return word == "--help" || word == "-h"; }
+
+const Flag* find_flag(const std::vector<Flag>& flags, const std::string& name) {
+  for (const auto& f : flags)
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+// "--name=value" -> {"name", "value", true}; "--name" -> {"name", "", false}.
+struct Word {
+  std::string name, value;
+  bool inline_value = false;
+};
+Word split_flag(const std::string& word) {
+  Word w{word.substr(2), "", false};
+  if (auto eq = w.name.find('='); eq != std::string::npos) {
+    w.value = w.name.substr(eq + 1);
+    w.name = w.name.substr(0, eq);
+    w.inline_value = true;
+  }
+  return w;
+}
+
+const Flag kHelpFlag{"help", "", "print this help and exit (also -h)"};
+
+}  // namespace
+
+bool wants_help(const std::vector<std::string>& argv, const std::vector<Flag>& flags) {
   for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& a = argv[i];
-    if (a.rfind("--", 0) != 0) {
-      positional_.push_back(a);
+    if (is_help(argv[i])) return true;
+    if (argv[i].rfind("--", 0) != 0) continue;
+    const Word w = split_flag(argv[i]);
+    const Flag* f = find_flag(flags, w.name);
+    // The next word is this flag's value, unless it is a flag (which the parser rejects as a value).
+    if (f && !f->value.empty() && !w.inline_value && i + 1 < argv.size() && argv[i + 1].rfind("--", 0) != 0) ++i;
+  }
+  return false;
+}
+
+std::string help_text(const Usage& u) {
+  std::string s = "usage: moex " + u.command + (u.synopsis.empty() ? "" : " " + u.synopsis) + "\n";
+  if (!u.about.empty()) s += "\n" + u.about + (u.about.back() == '\n' ? "" : "\n");
+  std::vector<Flag> all = u.flags;
+  all.push_back(kHelpFlag);
+  size_t width = 0;
+  for (const auto& f : all) width = std::max(width, f.name.size() + (f.value.empty() ? 0 : f.value.size() + 1));
+  s += "\nflags:\n";
+  for (const auto& f : all) {
+    std::string left = "--" + f.name + (f.value.empty() ? "" : " " + f.value);
+    left.resize(width + 4, ' ');
+    s += "  " + left + f.help + "\n";
+  }
+  return s;
+}
+
+Args::Args(const std::vector<std::string>& argv, const Usage& usage) {
+  if (wants_help(argv, usage.flags)) throw HelpRequested(help_text(usage));
+  const std::string see = "; see moex " + usage.command + " --help";
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& word = argv[i];
+    if (word.rfind("--", 0) != 0)
+      throw InvalidInput("unexpected argument '" + word + "' (values follow their flag: --name value)" + see);
+    Word w = split_flag(word);
+    const Flag* f = find_flag(usage.flags, w.name);
+    if (!f) {
+      std::string known;
+      for (const auto& k : usage.flags) known += " --" + k.name;
+      throw InvalidInput("unknown flag --" + w.name + "; known:" + known);
+    }
+    if (values_.count(w.name) || switches_.count(w.name)) throw InvalidInput("--" + w.name + " given twice");
+    if (f->value.empty()) {
+      if (w.inline_value) throw InvalidInput("flag --" + w.name + " takes no value");
+      switches_.insert(w.name);
       continue;
     }
-    std::string name = a.substr(2), value;
-    bool inline_value = false;
-    if (auto eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      inline_value = true;
+    if (!w.inline_value) {
+      if (i + 1 >= argv.size()) throw InvalidInput("missing value for --" + w.name);
+      // A flag where a value should be is a forgotten value far more often than a value that
+      // starts with "--"; the "=" form says the latter unambiguously.
+      if (argv[i + 1].rfind("--", 0) == 0)
+        throw InvalidInput("missing value for --" + w.name + " (found the flag " + argv[i + 1] +
+                           "; write --" + w.name + "=VALUE for a value that starts with --)");
+      w.value = argv[++i];
     }
-    if (switches.count(name)) {
-      if (inline_value) throw InvalidInput("flag --" + name + " takes no value");
-      flags_.insert(name);
-    } else if (valued.count(name)) {
-      if (!inline_value) {
-        if (i + 1 >= argv.size()) throw InvalidInput("missing value for --" + name);
-        value = argv[++i];
-      }
-      values_[name] = value;
-    } else {
-      std::string known;
-      for (const auto& v : valued) known += " --" + v;
-      for (const auto& v : switches) known += " --" + v;
-      throw InvalidInput("unknown flag --" + name + "; known:" + known);
-    }
+    if (w.value.empty() && !f->allow_empty) throw InvalidInput("empty value for --" + w.name);
+    values_[w.name] = w.value;
   }
 }
 
 bool Args::has(const std::string& name) const {
-  return flags_.count(name) || values_.count(name);
+  return switches_.count(name) || values_.count(name);
 }
 std::optional<std::string> Args::get(const std::string& name) const {
   auto it = values_.find(name);
@@ -105,6 +164,24 @@ std::vector<int64_t> Args::get_int_list(const std::string& name,
   std::vector<int64_t> out;
   for (const auto& s : get_list(name, {})) out.push_back(parse_int(s, "--" + name));
   return out;
+}
+
+std::vector<Flag> load_flags() {
+  return {
+      {"model", "DIR", "checkpoint folder: config.json, *.safetensors (tokenizer.json for text)"},
+      {"dtype", "D", "weights and activations: float32 or bfloat16 (default: the checkpoint's)"},
+      {"device", "DEV", "cpu (default), cuda or cuda:I"},
+      {"experts-implementation", "SPEC",
+       "experts backend: a name (moex backends) or JSON {\"\": B, \"text_config\": B, ...}"},
+  };
+}
+
+std::vector<Flag> decode_flags() {
+  return {
+      {"decode-switch", "MODE", "auto|on|off: decode steps run batched_mm where grouped_mm was "
+                                "asked (auto: on GPUs)"},
+      {"graph", "on|off", "CUDA: replay decode steps from one captured CUDA graph (default on)"},
+  };
 }
 
 void apply_decode_flags(const Args& a, moex::GenerationOptions& g) {

@@ -1,12 +1,20 @@
-// A small, strict flag parser shared by the subcommands: "--name value" or "--name=value", and
-// boolean flags. Unknown flags, missing values and malformed numbers throw moex::InvalidInput
-// naming the flag, so every command rejects typos the same way.
+// A small, strict flag parser shared by the subcommands. Each command declares its flags once, in
+// a table with a one-line meaning per flag (Usage below); the parser, `--help` and the "unknown
+// flag" error all read that table, so no flag list is kept by hand anywhere else.
+//
+// Accepted: "--name value", "--name=value" and boolean switches. Rejected with moex::InvalidInput
+// naming the flag (main() turns it into one error line and exit 2): unknown flags, positional
+// words, a flag given twice, a missing value, a value that is another flag ("--model --greedy";
+// write "--model=--greedy" for a value that starts with "--"), an empty value (unless the flag
+// allows it) and malformed numbers. "-h" or "--help" anywhere a flag may stand throws
+// HelpRequested, whose text main() prints on stdout with exit 0.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -14,29 +22,54 @@
 
 namespace moex::cli {
 
+struct Flag {
+  std::string name;   // without the leading "--"
+  std::string value;  // placeholder for the value in help ("DIR", "N"); empty = a switch
+  std::string help;   // one line
+  bool allow_empty = false;  // an empty value is meaningful (an empty prompt the library reports)
+};
+
+// What `moex CMD --help` prints: "usage: moex <command> <synopsis>", the about text, the flags.
+struct Usage {
+  std::string command;   // "generate", "bench generate"
+  std::string synopsis;  // "--model DIR (--prompt TEXT | ...) [flags]"
+  std::string about;     // a few lines; may be empty
+  std::vector<Flag> flags;
+};
+
+// Not an error: the user asked for help. main() prints what() on stdout and exits 0.
+class HelpRequested : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+std::string help_text(const Usage& usage);
+// True when argv asks for help at a flag position (a value of a valued flag is not a flag).
+bool wants_help(const std::vector<std::string>& argv, const std::vector<Flag>& flags);
+
 class Args {
  public:
-  // `valued`: flags that take a value; `switches`: boolean flags. Names without the leading "--".
-  Args(const std::vector<std::string>& argv, std::set<std::string> valued,
-       std::set<std::string> switches);
+  // Throws HelpRequested for -h / --help, InvalidInput for the errors above.
+  Args(const std::vector<std::string>& argv, const Usage& usage);
 
   bool has(const std::string& name) const;
   std::optional<std::string> get(const std::string& name) const;
   std::string get_or(const std::string& name, const std::string& dflt) const;
-  std::string require(const std::string& name) const;  // throws "missing --name"
+  std::string require(const std::string& name) const;  // throws "missing required flag --name"
   int64_t get_int(const std::string& name, int64_t dflt) const;
   double get_double(const std::string& name, double dflt) const;
   // Comma-separated integers ("1,4,16"); throws on a malformed entry.
   std::vector<int64_t> get_int_list(const std::string& name, std::vector<int64_t> dflt) const;
   std::vector<std::string> get_list(const std::string& name, std::vector<std::string> dflt) const;
-  const std::vector<std::string>& positional() const { return positional_; }
 
  private:
   std::map<std::string, std::string> values_;
-  std::set<std::string> flags_;
-  std::vector<std::string> positional_;
+  std::set<std::string> switches_;
 };
 
+// The flags every model-loading command shares, and the decode flags of generate / bench generate.
+std::vector<Flag> load_flags();
+std::vector<Flag> decode_flags();
 // --graph on|off and --decode-switch auto|on|off (moex generate, moex bench generate) into g.
 void apply_decode_flags(const Args& a, moex::GenerationOptions& g);
 

@@ -11,7 +11,9 @@ namespace moex::cli {
 namespace {
 
 int run_backends(const std::vector<std::string>& argv) {
-  Args args(argv, {}, {"json"});
+  static const Usage kUsage{"backends", "[--json]", "List the registered experts backends: devices, dtypes, description.",
+                            {{"json", "", "one JSON object per backend and line"}}};
+  Args args(argv, kUsage);
   for (const auto& name : experts_backend_names()) {
     BackendCaps c = get_experts_backend(name)->caps();
     std::vector<std::string> devs, dts;

@@ -156,11 +156,30 @@ double time_cpu_ms(const std::function<void()>& fn, CacheEvictor& ev, int min_it
 }
 
 int run_bench_experts(const std::vector<std::string>& argv) {
-  Args a(argv,
-         {"device", "shape", "experts", "top-k", "hidden", "intermediate", "dtype", "tokens",
-          "backends", "graph", "bandwidth-gbs", "peak-tflops", "min-iters", "budget-s", "seed",
-          "check-tokens", "cpu-kernel"},
-         {"json", "no-check"});
+  static const Usage kUsage{
+      "bench experts", "[--shape NAME | --experts E --top-k K --hidden H --intermediate I] [flags]",
+      "Time each experts backend on synthetic weights over token counts, after checking its result\n"
+      "against the float64 reference, with the floor (bytes over bandwidth, flops over peak).",
+      {{"device", "DEV", "cpu (default) or cuda[:I]"},
+       {"dtype", "D", "bfloat16 (default), float16 or float32"},
+       {"shape", "NAME", "qwen1.5-moe-a2.7b (default), deepseek-v3 or mixtral-8x7b"},
+       {"experts", "E", "custom shape: experts per layer"},
+       {"top-k", "K", "custom shape: experts per token"},
+       {"hidden", "H", "custom shape: hidden size"},
+       {"intermediate", "I", "custom shape: expert intermediate size"},
+       {"tokens", "T,T", "token counts (default 1,4,16,64,256,1024,4096)"},
+       {"backends", "A,B", "backends to time (default: every one that supports the device and dtype)"},
+       {"graph", "MODE", "off|on|both: time direct launches, CUDA graph replays or both (CUDA default both)"},
+       {"bandwidth-gbs", "X", "use this bandwidth (GB/s) instead of measuring it"},
+       {"peak-tflops", "Y", "use this peak (TFLOP/s) instead of measuring it"},
+       {"min-iters", "N", "timed runs at least (default 5)"},
+       {"budget-s", "S", "CPU: keep timing up to S seconds per row (default 1)"},
+       {"seed", "N", "seed of the weights and routing (default 1)"},
+       {"check-tokens", "N", "tokens checked per row (default 8)"},
+       {"no-check", "", "skip the checks (rows say unchecked)"},
+       {"cpu-kernel", "PATH", "CPU grouped_mm kernel: amx, avx512bf16, avx512, avx2 or portable"},
+       {"json", "", "one JSON object per row instead of the table"}}};
+  Args a(argv, kUsage);
   Device dev = parse_device(a.get_or("device", "cpu"));
   DType dt = parse_dtype(a.get_or("dtype", "bfloat16"));
   std::string shape_name = a.get_or("shape", "qwen1.5-moe-a2.7b");
@@ -350,21 +369,18 @@ int run_bench_experts(const std::vector<std::string>& argv) {
 int run_bench(const std::vector<std::string>& argv) {
   if (!argv.empty() && argv[0] == "generate")
     return run_bench_generate(std::vector<std::string>(argv.begin() + 1, argv.end()));
-  if (argv.empty() || argv[0] != "experts")
-    throw InvalidInput("usage: moex bench generate --model DIR [--device cpu|cuda[:i]] [--dtype D] "
-                       "[--batch 1,8,32] [--prompt-tokens 128,4096] [--cases 1x128,32x128,1x4096] [--new-tokens 128] "
-                       "[--experts-implementation SPEC] [--decode-switch auto|on|off] [--graph on|off] [--repeats 3] "
-                       "[--seed N] [--bandwidth-gbs X] [--peak-tflops Y] [--json]\n"
-                       "       moex bench experts [--device cpu|cuda] [--shape NAME | --experts E "
-                       "--top-k K --hidden H --intermediate I] [--dtype bfloat16|float16|float32] "
-                       "[--tokens 1,4,16] [--backends a,b] [--graph off|on|both] [--json] "
-                       "[--bandwidth-gbs X] [--peak-tflops Y] [--min-iters N] [--budget-s S] "
-                       "[--no-check] [--check-tokens N] [--seed N] "
-                       "[--cpu-kernel amx|avx512bf16|avx512|avx2|portable]");
-  return run_bench_experts(std::vector<std::string>(argv.begin() + 1, argv.end()));
+  if (!argv.empty() && argv[0] == "experts")
+    return run_bench_experts(std::vector<std::string>(argv.begin() + 1, argv.end()));
+  const std::string subcommands =
+      "usage: moex bench generate --model DIR [flags]   end-to-end generation speed with floors\n"
+      "       moex bench experts [flags]                experts backends on synthetic weights\n"
+      "       moex bench SUBCOMMAND --help              the subcommand's flags\n";
+  if (!argv.empty() && (argv[0] == "--help" || argv[0] == "-h")) throw HelpRequested(subcommands);
+  throw InvalidInput(argv.empty() ? "missing subcommand: generate or experts; see moex bench --help"
+                                  : "unknown subcommand '" + argv[0] + "': generate or experts; see moex bench --help");
 }
 
-Registration reg({"bench", "benchmark end-to-end generation (bench generate ...) or experts backends (bench experts ...)",
+Registration reg({"bench", "benchmark generation end to end (bench generate) or experts backends (bench experts)",
                   run_bench});
 
 }  // namespace

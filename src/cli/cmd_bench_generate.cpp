@@ -69,10 +69,25 @@ nlohmann::json json_or_null(const std::optional<int64_t>& v) { return v ? nlohma
 }  // namespace
 
 int run_bench_generate(const std::vector<std::string>& argv) {
-  Args a(argv,
-         {"model", "device", "dtype", "batch", "prompt-tokens", "cases", "new-tokens", "experts-implementation",
-          "decode-switch", "graph", "repeats", "seed", "bandwidth-gbs", "peak-tflops"},
-         {"json"});
+  static const Usage kUsage = [] {
+    Usage u{"bench generate", "--model DIR [flags]",
+            "End-to-end generation speed per batch size and prompt length (random prompts, stop\n"
+            "tokens ignored), with the floor of every row from the measured bandwidth and peak.",
+            load_flags()};
+    for (auto& f : decode_flags()) u.flags.push_back(f);
+    u.flags.insert(u.flags.end(),
+                   {{"batch", "B,B", "batch sizes (default 1)"},
+                    {"prompt-tokens", "P,P", "prompt lengths (default 128); rows are every (batch, prompt)"},
+                    {"cases", "BxP,BxP", "explicit rows instead, e.g. 1x128,32x128,1x4096"},
+                    {"new-tokens", "N", "tokens generated per sequence (default 128, >= 2)"},
+                    {"repeats", "N", "timed runs per row; the median is reported (default 3)"},
+                    {"seed", "N", "seed of the random prompts (default 0)"},
+                    {"bandwidth-gbs", "X", "use this bandwidth (GB/s) instead of measuring it"},
+                    {"peak-tflops", "Y", "use this peak (TFLOP/s) instead of measuring it"},
+                    {"json", "", "one JSON object per row instead of the table"}});
+    return u;
+  }();
+  Args a(argv, kUsage);
   const std::string dir = a.require("model");
   LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
                                     a.get_or("experts-implementation", ""));

@@ -1,23 +1,34 @@
-// `moex generate`: greedy or sampled continuation of one prompt or a batch of prompts, printed
-// as JSON (sequences, timing, tokens/s) and optionally written to FILE.safetensors as int64
-// `sequences` [B, T + N].
+// `moex generate`: greedy or sampled continuation of one text prompt, streamed as text, or of one
+// prompt or a batch of prompts given as ids, printed as JSON (sequences, timing, tokens/s); the
+// sequences can also be written to FILE.safetensors as int64 `sequences` [B, T + N].
 //
 // A batch ("1,2,3;4,5") of prompts of different lengths is left-padded to the longest with the
 // model's pad token and run with an attention mask, as transformers' tokenizer(padding_side=
 // "left") + generate do; the output keeps the padding where it was.
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <optional>
+#include <sstream>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/args.hpp"
 #include "cli/command.hpp"
+#include "cli/load_progress.hpp"
+#include "cli/text_stream.hpp"
 #include "moex/checkpoint.hpp"
 #include "moex/error.hpp"
 #include "moex/model.hpp"
 #include "moex/safetensors.hpp"
+#include "moex/tokenizer.hpp"
 
 namespace moex::cli {
 namespace {
@@ -72,14 +83,67 @@ std::pair<int64_t, std::string> pad_token(const std::string& dir, const CausalLM
   return {0, "default 0 (no pad_token_id or eos_token_id)"};
 }
 
+const Usage& generate_usage() {
+  static const Usage usage = [] {
+    Usage u{"generate", "--model DIR (--prompt TEXT | --prompt-file PATH | --prompt-ids IDS) [flags]",
+            "Continue a prompt. A text prompt (--prompt, --prompt-file) is encoded with DIR/tokenizer.json\n"
+            "(special tokens added, as tokenizers' encode does) and the continuation is printed as it is\n"
+            "generated, then a newline; special tokens and the final stop token are not printed.\n"
+            "--prompt-ids takes ids, a batch as \"1,2,3;4,5\" (left-padded with the pad token and masked),\n"
+            "and prints a JSON summary. Generation stops at the checkpoint's stop tokens\n"
+            "(generation_config.json eos_token_id, else config.json) or after --max-new-tokens.",
+            load_flags()};
+    u.flags.insert(u.flags.end(),
+                   {{"prompt", "TEXT", "text prompt (UTF-8)", true},
+                    {"prompt-file", "PATH", "text prompt read from a file, verbatim (- reads stdin)"},
+                    {"prompt-ids", "IDS", "token ids \"1,2,3\", or a batch \"1,2,3;4,5\"; prints JSON", true},
+                    {"max-new-tokens", "N", "at most N new tokens per sequence (default 20)"},
+                    {"greedy", "", "argmax decoding (the default; excludes the sampling flags)"},
+                    {"temperature", "T", "sample, with this temperature (> 0, default 1)"},
+                    {"top-k", "K", "sample among the K most likely tokens (0 = all)"},
+                    {"top-p", "P", "sample from the smallest set with probability >= P (default 1)"},
+                    {"seed", "S", "sample, seeded with S (default 0)"},
+                    {"json", "", "text prompt: print the JSON summary (with \"text\") instead of streaming"},
+                    {"out", "FILE", "also write the int64 sequences [B, T + N] to FILE.safetensors"}});
+    for (auto& f : decode_flags()) u.flags.push_back(f);
+    return u;
+  }();
+  return usage;
+}
+
+// The text prompt's bytes: --prompt as given, --prompt-file verbatim ("-" = stdin).
+std::string read_text_prompt(const Args& a) {
+  if (auto p = a.get("prompt")) return *p;
+  const std::string path = a.require("prompt-file");
+  std::ifstream file;
+  std::istream* in = &std::cin;
+  if (path != "-") {
+    if (std::filesystem::is_directory(path)) throw InvalidInput("--prompt-file '" + path + "' is a directory");
+    file.open(path, std::ios::binary);
+    if (!file) throw InvalidInput("cannot open --prompt-file '" + path + "': " + std::strerror(errno));
+    in = &file;
+  }
+  std::ostringstream buf;
+  buf << in->rdbuf();
+  if (in->bad()) throw InvalidInput("cannot read --prompt-file '" + path + "'");
+  return buf.str();
+}
+
+// The checkpoint's tokenizer, checked to exist before the (possibly long) model load.
+Tokenizer load_tokenizer(const std::string& dir) {
+  if (!std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json"))
+    throw InvalidInput(dir + " has no tokenizer.json: a text prompt needs the checkpoint's tokenizer "
+                       "(or give token ids with --prompt-ids)");
+  return Tokenizer::from_dir(dir);
+}
+
 int run_generate(const std::vector<std::string>& argv) {
-  Args a(argv,
-         {"model", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p", "seed", "dtype",
-          "device", "experts-implementation", "decode-switch", "graph", "out"},
-         {"greedy"});
+  Args a(argv, generate_usage());
   const std::string dir = a.require("model");
-  // An empty --prompt-ids reaches the library as an empty prompt, which reports it clearly.
-  const std::vector<std::vector<int64_t>> prompts = parse_prompts(a.require("prompt-ids"));
+  const int n_prompts = int(a.has("prompt")) + int(a.has("prompt-file")) + int(a.has("prompt-ids"));
+  if (n_prompts != 1) throw InvalidInput("give exactly one of --prompt, --prompt-file and --prompt-ids");
+  const bool text_mode = !a.has("prompt-ids");
+  const bool json = a.has("json") || !text_mode;
 
   GenerationOptions g;
   g.max_new_tokens = a.get_int("max-new-tokens", 20);
@@ -93,9 +157,32 @@ int run_generate(const std::vector<std::string>& argv) {
   g.seed = uint64_t(a.get_int("seed", 0));
   apply_decode_flags(a, g);
 
+  // Text prompts: read and encode before the load, so that a missing tokenizer or an unreadable
+  // file is reported at once.
+  std::optional<Tokenizer> tok;
+  std::vector<std::vector<int64_t>> prompts;
+  if (text_mode) {
+    tok = load_tokenizer(dir);
+    prompts = {tok->encode(read_text_prompt(a), /*add_special_tokens=*/true)};
+  } else {
+    // An empty --prompt-ids reaches the library as an empty prompt, which reports it clearly.
+    prompts = parse_prompts(a.require("prompt-ids"));
+  }
+
   LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
                                     a.get_or("experts-implementation", ""));
-  auto lm = from_pretrained(dir, o);
+  std::unique_ptr<CausalLM> lm;
+  {
+    LoadProgress progress(o);
+    lm = from_pretrained(dir, o);
+  }
+  const int64_t vocab = lm->info().vocab_size;
+  if (tok)
+    for (int64_t id : prompts[0])
+      if (id < 0 || id >= vocab)
+        throw InvalidInput("the prompt's token id " + std::to_string(id) + " (from " + dir +
+                           "/tokenizer.json) is outside the model's vocabulary [0, " + std::to_string(vocab) +
+                           "): the tokenizer does not belong to this checkpoint");
   const auto [pad_id, pad_source] = pad_token(dir, *lm);
   const int64_t B = int64_t(prompts.size());
   int64_t T = 0;
@@ -110,14 +197,36 @@ int run_generate(const std::vector<std::string>& argv) {
     mask.insert(mask.end(), p.size(), 1);
   }
   // Checked here so that a pad id the vocabulary lacks is not reported as a prompt id.
-  if (T > 0 && *std::max_element(padding.begin(), padding.end()) > 0 &&
-      (pad_id < 0 || pad_id >= lm->info().vocab_size))
+  if (T > 0 && *std::max_element(padding.begin(), padding.end()) > 0 && (pad_id < 0 || pad_id >= vocab))
     throw InvalidInput("pad token id " + std::to_string(pad_id) + " (" + pad_source +
-                       ") is outside the vocabulary [0, " + std::to_string(lm->info().vocab_size) + ")");
+                       ") is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+
+  // Text: every step's id goes through the streaming decoder; printed and flushed at once unless
+  // the summary is asked for instead.
+  std::optional<TextStream> stream;
+  if (tok) {
+    stream.emplace(*tok, g.eos_token_ids.value_or(lm->default_eos_token_ids()), [json](const std::string& piece) {
+      if (json) return;
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    });
+    g.on_step = [&stream](std::span<const int64_t> step_ids) { stream->step(step_ids[0]); };
+  }
   Tensor seq = lm->generate(Tensor::from_ints(ids, {B, T}), g, Tensor::from_ints(mask, {B, T}));
+  if (stream) {
+    stream->finish();
+    if (!json) std::printf("\n");
+  }
   if (auto out = a.get("out")) save_safetensors(*out, {{"sequences", seq}});
 
   const GenerationStats& s = lm->last_generation_stats();
+  if (!json) {
+    if (isatty(fileno(stderr)))
+      std::fprintf(stderr, "moex generate: %lld prompt + %lld new tokens; %.2f s to the first, then %.1f tokens/s\n",
+                   (long long)s.prompt_tokens, (long long)s.new_tokens, s.prefill_seconds,
+                   s.new_tokens > 1 && s.decode_seconds > 0 ? double(s.new_tokens - 1) / s.decode_seconds : 0.0);
+    return 0;
+  }
   nlohmann::json j;
   j["model_type"] = lm->info().model_type;
   j["dtype"] = std::string(dtype_name(lm->info().dtype));
@@ -127,6 +236,7 @@ int run_generate(const std::vector<std::string>& argv) {
   j["sequences"] = nlohmann::json::array();
   for (int64_t b = 0; b < B; ++b)
     j["sequences"].push_back(std::vector<int64_t>(flat.begin() + b * L, flat.begin() + (b + 1) * L));
+  if (stream) j["text"] = stream->text();  // the continuation, as it would have been streamed
   j["prompt_tokens"] = s.prompt_tokens;  // per sequence, padding included
   j["padding"] = padding;                // left-padding columns of each sequence
   j["pad_token_id"] = pad_id;
@@ -150,12 +260,7 @@ int run_generate(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const Registration kGenerate({"generate",
-                              "continue prompts (--model DIR --prompt-ids 1,2,3[;4,5;...] [--max-new-tokens N] "
-                              "[--greedy | --temperature T --top-k K --top-p P --seed S] "
-                              "[--decode-switch auto|on|off] [--graph on|off] [--out SEQ.safetensors]); prompts of "
-                              "different lengths are left-padded with the pad token (pad_token_id, "
-                              "else the first eos id, else 0) and masked",
+const Registration kGenerate({"generate", "continue a text prompt (streamed) or token-id prompts (JSON)",
                               run_generate});
 
 }  // namespace

@@ -6,16 +6,25 @@
 
 #include "cli/args.hpp"
 #include "cli/command.hpp"
+#include "cli/load_progress.hpp"
 #include "moex/model.hpp"
 
 namespace moex::cli {
 namespace {
 
 int run_info(const std::vector<std::string>& argv) {
-  Args a(argv, {"model", "dtype", "device", "experts-implementation"}, {});
+  static const Usage kUsage{"info", "--model DIR [flags]",
+                            "Load a checkpoint and describe it as JSON: architecture, sizes, MoE layers, stop\n"
+                            "tokens, the experts map, and the load's bytes, seconds and GB/s.",
+                            load_flags()};
+  Args a(argv, kUsage);
   LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
                                     a.get_or("experts-implementation", ""));
-  auto lm = from_pretrained(a.require("model"), o);
+  std::unique_ptr<CausalLM> lm;
+  {
+    LoadProgress progress(o);
+    lm = from_pretrained(a.require("model"), o);
+  }
   const ModelInfo& i = lm->info();
   nlohmann::json j;
   j["model_type"] = i.model_type;
@@ -42,9 +51,7 @@ int run_info(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const Registration kInfo({"info",
-                          "describe a checkpoint as JSON, load time and rate included (--model DIR [--dtype D] [--device cpu|cuda[:i]] [--experts-implementation SPEC])",
-                          run_info});
+const Registration kInfo({"info", "describe a checkpoint as JSON, load time and rate included", run_info});
 
 }  // namespace
 }  // namespace moex::cli

@@ -16,7 +16,16 @@ namespace moex::cli {
 namespace {
 
 int run_logits(const std::vector<std::string>& argv) {
-  Args a(argv, {"model", "inputs", "out", "dtype", "device", "experts-implementation"}, {});
+  static const Usage kUsage = [] {
+    Usage u{"logits", "--model DIR --inputs IN.safetensors --out OUT.safetensors [flags]",
+            "Run the model on int64 input_ids [B, T] (and an optional left-padding attention_mask\n"
+            "[B, T] of 0/1) read from IN and write float32 logits [B, T, vocab] to OUT.",
+            load_flags()};
+    u.flags.push_back({"inputs", "IN", "safetensors file with input_ids (and attention_mask)"});
+    u.flags.push_back({"out", "OUT", "safetensors file to write the logits to"});
+    return u;
+  }();
+  Args a(argv, kUsage);
   const std::string dir = a.require("model"), inputs = a.require("inputs"), out = a.require("out");
   auto file = SafetensorsFile::open(inputs);
   if (!file->contains("input_ids"))
@@ -39,10 +48,7 @@ int run_logits(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const Registration kLogits({"logits",
-                            "write float32 logits [B, T, V] for int64 input_ids [B, T] and an "
-                            "optional left-padding attention_mask [B, T] of 0/1 "
-                            "(--model DIR --inputs IN.safetensors --out OUT.safetensors)",
+const Registration kLogits({"logits", "write float32 logits for int64 input_ids read from a safetensors file",
                             run_logits});
 
 }  // namespace

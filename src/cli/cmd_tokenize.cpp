@@ -13,7 +13,17 @@ namespace moex::cli {
 namespace {
 
 int run_tokenize(const std::vector<std::string>& argv) {
-  Args a(argv, {"model", "text", "decode"}, {"no-special-tokens", "skip-special-tokens"});
+  static const Usage kUsage{
+      "tokenize",
+      "--model DIR (--text T [--no-special-tokens] | --decode IDS [--skip-special-tokens])",
+      "Encode text to ids and tokens, or decode ids to text, with DIR/tokenizer.json (a folder\n"
+      "holding only tokenizer.json is enough). Prints one JSON object.",
+      {{"model", "DIR", "folder holding tokenizer.json (and tokenizer_config.json, optional)"},
+       {"text", "T", "text to encode (UTF-8); prints {\"ids\", \"tokens\"}", true},
+       {"no-special-tokens", "", "encode without the post-processor's special tokens (BOS, ...)"},
+       {"decode", "IDS", "comma-separated ids to decode; prints {\"text\"}"},
+       {"skip-special-tokens", "", "decode without the special tokens"}}};
+  Args a(argv, kUsage);
   const Tokenizer tok = Tokenizer::from_dir(a.require("model"));
   if (a.has("text") == a.has("decode")) throw InvalidInput("give exactly one of --text and --decode");
   nlohmann::json j;
@@ -30,9 +40,7 @@ int run_tokenize(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const Registration kTokenize({"tokenize",
-                              "encode text (--model DIR --text T [--no-special-tokens]) or decode ids "
-                              "(--model DIR --decode 1,2,3 [--skip-special-tokens]) as JSON",
+const Registration kTokenize({"tokenize", "encode text to ids or decode ids to text with tokenizer.json",
                               run_tokenize});
 
 }  // namespace

@@ -1,5 +1,7 @@
 // `moex`: the command-line tool. Subcommands register themselves (command.hpp). Every library
 // error becomes one line "moex <cmd>: error: ..." on stderr and exit code 2; usage errors too.
+// `moex --help` lists the commands, `moex CMD --help` a command's flags (from its flag table,
+// args.hpp), both on stdout with exit 0; `moex --version` prints the CMake project version.
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -8,6 +10,7 @@
 #include <iostream>
 #include <cstdlib>
 
+#include "cli/args.hpp"
 #include "cli/command.hpp"
 #include "moex/error.hpp"
 
@@ -19,6 +22,17 @@ static std::vector<Command>& table() {
 }
 void register_command(Command c) { table().push_back(std::move(c)); }
 const std::vector<Command>& commands() { return table(); }
+
+static int print_version() {
+  std::printf("moex %s\n", MOEX_VERSION);
+  return 0;
+}
+
+static const Registration kVersion({"version", "print the version (as moex --version)",
+                                    [](const std::vector<std::string>& argv) {
+                                      const Args no_flags(argv, {"version", "", "print the version", {}});
+                                      return print_version();
+                                    }});
 
 }  // namespace moex::cli
 
@@ -33,7 +47,10 @@ static void load_plugin(const std::string& path) {
 static void usage(std::FILE* f) {
   std::fprintf(f,
                "usage: moex [--plugin LIB.so]... <command> [flags]\n"
-               "  --plugin / MOEX_PLUGINS=a.so:b.so load shared libraries that register backends\n\n"
+               "       moex <command> --help     the command's flags\n"
+               "       moex --version\n\n"
+               "  --plugin LIB.so    load a shared library that registers experts backends (repeatable;\n"
+               "                     MOEX_PLUGINS=a.so:b.so does the same)\n\n"
                "commands:\n");
   auto cmds = moex::cli::commands();
   std::sort(cmds.begin(), cmds.end(), [](auto& a, auto& b) { return a.name < b.name; });
@@ -68,17 +85,21 @@ int main(int argc, char** argv) {
     return argc <= first ? 2 : 0;
   }
   std::string name = argv[first];
+  if (name == "--version") return moex::cli::print_version();
   std::vector<std::string> args(argv + first + 1, argv + argc);
   for (auto& c : moex::cli::commands()) {
     if (c.name != name) continue;
     try {
       return c.run(args);
+    } catch (const moex::cli::HelpRequested& help) {
+      std::fputs(help.what(), stdout);
+      return 0;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "moex %s: error: %s\n", name.c_str(), e.what());
       return 2;
     }
   }
-  std::fprintf(stderr, "moex: error: unknown command '%s'\n", name.c_str());
-  usage(stderr);
+  std::fprintf(stderr, "moex: error: unknown %s '%s'; see moex --help\n",
+               name.rfind("-", 0) == 0 ? "option" : "command", name.c_str());
   return 2;
 }

@@ -143,6 +143,7 @@ Tensor Checkpoint::get(const std::string& name, const Shape& expected, DType dty
   if (t.shape() != expected)
     throw InvalidInput("tensor '" + name + "' in " + dir_ + " has shape " + shape_str(t.shape()) +
                        ", expected " + shape_str(expected));
+  if (read_hook_) read_hook_(int64_t(t.nbytes()));
   if (t.dtype() == dtype) return t;
   // FP4 pairs travel as int8/uint8 bytes: same bytes, same (byte) shape, only the label changes.
   if (dtype == DType::kFP4x2 && (t.dtype() == DType::kI8 || t.dtype() == DType::kU8)) {

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/strict_json.hpp"
 #include "model/architecture.hpp"
 #include "moex/checkpoint.hpp"
 #include "moex/error.hpp"
@@ -30,12 +31,11 @@ ExpertsImplementation parse_experts_implementation(const std::string& spec) {
   if (first == std::string::npos)
     throw InvalidInput("empty experts implementation; give a backend name or a JSON object");
   if (spec[first] != '{') return {{"", spec}};
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(spec);
-  } catch (const std::exception& e) {
-    throw InvalidInput("experts implementation '" + spec + "' is not valid JSON: " + e.what());
-  }
+  // Strict: {"text_config": "eager", "text_config": "grouped_mm"} is an error, not last-wins.
+  const nlohmann::json j =
+      io::parse_json_strict(spec.data(), spec.size(), "experts implementation '" + spec + "'", 4);
+  if (!j.is_object())
+    throw InvalidInput("experts implementation '" + spec + "' must be a backend name or a JSON object");
   ExpertsImplementation m;
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (!it.value().is_string())
@@ -233,10 +233,19 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const LoadOpti
       }
     o.dtype = parse_dtype(name);
   }
+  int64_t total = 0, done = 0;
+  if (o.progress) {
+    for (const auto& name : ckpt->names()) total += int64_t(ckpt->get(name).nbytes());
+    ckpt->set_read_hook([&](int64_t bytes) { o.progress(done = std::min(total, done + bytes), total); });
+  }
   for (const auto& e : model::architectures())
     if (type == e.model_type) {
       const auto t0 = std::chrono::steady_clock::now();
       std::unique_ptr<CausalLM> m = e.make(*ckpt, o);
+      if (o.progress) {
+        ckpt->set_read_hook(nullptr);  // it refers to this frame; the model may keep the checkpoint
+        o.progress(total, total);
+      }
       m->info_.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return m;
     }

@@ -7,6 +7,9 @@
 // count from its first real token (transformers' position_ids = cumsum(mask) - 1); the returned
 // sequences keep the padding where it was, as transformers' generate does.
 //
+// GenerationOptions::on_step is called from this host loop, which every device shares, right
+// after choose_tokens has brought the step's ids to the host: streaming costs no extra sync.
+//
 // Sampling follows transformers' warper order: temperature, then top-k, then top-p, then a draw
 // from the softmax. The random stream is moex's own (std::mt19937_64 seeded with `seed`), so a
 // seed reproduces moex runs, not torch's.
@@ -126,6 +129,7 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
       else all_done = false;
     }
     for (int64_t b = 0; b < B; ++b) seqs[size_t(b)].push_back(next[size_t(b)]);
+    if (options.on_step) options.on_step(std::span<const int64_t>(next));
     if (all_done || n + 1 == options.max_new_tokens) break;
     if (!decode_guard) {
       // The switch is a speed policy, not the user's request: when a switched backend cannot
