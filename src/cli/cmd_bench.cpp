@@ -27,6 +27,7 @@
 
 #include "cli/args.hpp"
 #include "cli/command.hpp"
+#include "cli/seed.hpp"
 #include "moex/bench.hpp"
 #include "moex/check.hpp"
 #include "moex/cpu_kernels.hpp"
@@ -192,7 +193,7 @@ int run_bench_experts(const std::vector<std::string>& argv) {
   if (!dev.is_cuda() && graph_mode != GraphMode::kOff)
     throw InvalidInput("--graph on|both needs --device cuda (graphs are CUDA graphs)");
   const bool json = a.has("json"), check = !a.has("no-check");
-  const uint64_t seed = uint64_t(a.get_int("seed", 1));
+  const uint64_t seed = parse_seed(a.get("seed"), 1);
   // --cpu-kernel: grouped_mm on the CPU runs that kernel path (registered explicitly for this
   // process), and the peak ceiling is the one of that path's family.
   std::optional<CpuKernelPath> cpu_kernel;

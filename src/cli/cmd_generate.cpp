@@ -14,6 +14,7 @@
 
 #include "cli/args.hpp"
 #include "cli/command.hpp"
+#include "cli/seed.hpp"
 #include "moex/checkpoint.hpp"
 #include "moex/error.hpp"
 #include "moex/model.hpp"
@@ -90,7 +91,7 @@ int run_generate(const std::vector<std::string>& argv) {
   g.temperature = float(a.get_double("temperature", 1.0));
   g.top_k = a.get_int("top-k", 0);
   g.top_p = float(a.get_double("top-p", 1.0));
-  g.seed = uint64_t(a.get_int("seed", 0));
+  g.seed = parse_seed(a.get("seed"), 0);
   apply_decode_flags(a, g);
 
   LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
