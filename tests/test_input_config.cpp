@@ -157,6 +157,7 @@ TEST_F(BadConfig, WrongJsonTypesNameTheKeyAndTheType) {
       {"tie_word_embeddings", "yes", "key 'tie_word_embeddings' must be true or false, got string"},
       {"mlp_only_layers", "none", "key 'mlp_only_layers' must be a list of layer indices, got string"},
       {"mlp_only_layers", Json::array({"1"}), "key 'mlp_only_layers' must be a list of layer indices"},
+      {"dtype", 32, "key 'dtype' must be a string, got integer"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.key);
@@ -230,6 +231,8 @@ TEST_F(BadConfig, SequencesLongerThanMaxPositionEmbeddingsAreRefused) {
   GenerationOptions g;
   g.max_new_tokens = 5;
   const Tensor prompt = Tensor::from_ints({1, 2, 3, 4}, {1, 4});
+  EXPECT_THROW(lm->generate(prompt, g), InvalidInput);
+  g.max_new_tokens = std::numeric_limits<int64_t>::max();  // the sum must not wrap around
   EXPECT_THROW(lm->generate(prompt, g), InvalidInput);
   g.max_new_tokens = 4;
   EXPECT_NO_THROW(lm->generate(prompt, g));

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/strict_json.hpp"
 #include "model/architecture.hpp"
 #include "moex/checkpoint.hpp"
 #include "moex/error.hpp"
@@ -252,11 +253,14 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const LoadOpti
     // The checkpoint's own dtype, as transformers' dtype="auto" would pick.
     const auto& c = ckpt->config();
     std::string name = "float32";
-    for (const char* key : {"dtype", "torch_dtype"})
-      if (c.contains(key) && c[key].is_string()) {
-        name = c[key].get<std::string>();
-        break;
-      }
+    for (const char* key : {"dtype", "torch_dtype"}) {
+      if (!c.contains(key) || c[key].is_null()) continue;
+      if (!c[key].is_string())
+        throw InvalidInput(dir + "/config.json: key '" + key + "' must be a string, got " +
+                           io::json_type_name(c[key]));
+      name = c[key].get<std::string>();
+      break;
+    }
     o.dtype = parse_dtype(name);
   }
   for (const auto& e : model::architectures())

@@ -46,9 +46,11 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   const std::vector<int64_t> pad = left_padding(input_ids, attention_mask);
   validate_options(options);
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
+  int64_t positions = 0;  // saturated: max_new_tokens may be any int64
+  if (__builtin_add_overflow(T, options.max_new_tokens, &positions)) positions = INT64_MAX;
   if (!options.allow_beyond_max_positions)
-    check_positions(T + options.max_new_tokens, "a prompt of " + std::to_string(T) + " tokens + " +
-                                                     std::to_string(options.max_new_tokens) + " new tokens");
+    check_positions(positions, "a prompt of " + std::to_string(T) + " tokens + " +
+                                   std::to_string(options.max_new_tokens) + " new tokens");
   const std::vector<int64_t> eos = options.eos_token_ids.value_or(eos_);
   std::vector<std::vector<int64_t>> seqs(static_cast<size_t>(B));
   const auto prompt = input_ids.to_int_vector();
