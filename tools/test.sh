@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test: the Release build's GoogleTest suites (CTest), the same suites built with
 # AddressSanitizer + UndefinedBehaviorSanitizer, and short libFuzzer runs of the safetensors
-# header parser, tensor views, config.json and the shard index. Exits non-zero on any failure.
+# header parser, tensor views, config.json (checkpoint and model side), the shard index and
+# tokenizer.json. Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/deps.sh
@@ -32,14 +33,15 @@ cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_ctest --test-dir build-asan --output-on-failure -j"$jobs"
 
-echo "== libFuzzer runs: safetensors header, tensor views, config.json, shard index"
+echo "== libFuzzer runs: safetensors header, tensor views, config.json, shard index, model config, tokenizer.json"
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEX_CUDA=OFF \
   -DMOEX_TESTS=OFF -DMOEX_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang >/dev/null
 cmake --build build-fuzz -j"$jobs" --target fuzz_safetensors_header fuzz_safetensors_get \
-  fuzz_checkpoint_config fuzz_checkpoint_index
+  fuzz_checkpoint_config fuzz_checkpoint_index fuzz_tokenizer_json fuzz_model_config
 for t in safetensors_header:corpus:safetensors.dict safetensors_get:corpus_safetensors_get:safetensors.dict \
          checkpoint_config:corpus_checkpoint_config:checkpoint.dict \
-         checkpoint_index:corpus_checkpoint_index:checkpoint.dict; do
+         checkpoint_index:corpus_checkpoint_index:checkpoint.dict \
+         tokenizer_json:corpus_tokenizer_json:tokenizer.dict model_config:corpus_model_config:checkpoint.dict; do
   IFS=: read -r name corpus dict <<<"$t"
   mkdir -p "build-fuzz/$corpus"
   ./build-fuzz/fuzz/fuzz_$name -max_total_time="${MOEX_FUZZ_SECONDS:-60}" -timeout=10 \

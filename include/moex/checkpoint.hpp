@@ -33,6 +33,8 @@ class Checkpoint {
   std::vector<std::string> names() const;  // sorted
   // The raw tensor as stored (aliasing the mapping). Throws InvalidInput "missing tensor 'x' in DIR".
   Tensor get(const std::string& name) const;
+  // The shape the header records (nothing read, nothing allocated). Throws as get().
+  Shape shape(const std::string& name) const;
   // get() + checks the shape, then converts to `dtype` if it differs (a copy only then).
   // Throws InvalidInput "tensor 'x' has shape [a, b], expected [c, d]".
   Tensor get(const std::string& name, const Shape& expected, DType dtype) const;

@@ -98,6 +98,9 @@ struct GenerationOptions {
   // follows the prefill; there are new_tokens calls in all. Its time counts in the stage's
   // seconds; an exception it throws ends generate() and propagates. Streaming text is built on it.
   std::function<void(std::span<const int64_t> ids)> on_step;
+  // Let prompt + max_new_tokens exceed the config's max_position_embeddings (positions past it
+  // were never trained; stress tests use them). Off: such a request is an InvalidInput.
+  bool allow_beyond_max_positions = false;
 };
 
 // Timing of the last generate() call (wall clock, seconds).
@@ -126,6 +129,9 @@ struct ModelInfo {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t num_layers = 0;
+  // Positions the model was built for (config max_position_embeddings; 0 when absent): logits()
+  // and generate() refuse longer sequences.
+  int64_t max_position_embeddings = 0;
   std::vector<int64_t> moe_layers;  // indices of layers whose MLP is a MoE block
   int64_t num_experts = 0;          // routed experts per MoE layer
   int64_t experts_per_token = 0;    // k
@@ -220,6 +226,10 @@ class CausalLM {
   ExpertsImplementation resolve(const ExpertsImplementation& requested,
                                 const ExpertsImplementation& base) const;
   void validate_ids(const Tensor& input_ids) const;
+  // InvalidInput when `positions` exceeds info_.max_position_embeddings (`what` says whose).
+  void check_positions(int64_t positions, const std::string& what) const;
+  // Error when host float32 `logits` hold a NaN or an infinity (`what` says where).
+  void check_finite(const Tensor& logits, const std::string& what) const;
   // Left-padding columns per row from a validated attention mask ({} when undefined or when no
   // row is padded). Throws InvalidInput for a mask that is not left padding of input_ids' shape.
   std::vector<int64_t> left_padding(const Tensor& input_ids, const Tensor& attention_mask) const;

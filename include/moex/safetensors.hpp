@@ -67,6 +67,11 @@ std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* data, size
                                                        const std::string& label);
 
 // Writes tensors (host, any dtype) to a safetensors file; used by the CLI's --out and by tests.
+// A regular file (or a missing one, or a link to a regular file) is replaced only once the new
+// file is complete (a temporary file in the same folder, renamed into place; removed on failure);
+// a character device or a FIFO with a reader (/dev/null, /dev/stdout, a pipe) is written through.
+// Throws InvalidInput for a folder, a socket, a dangling link or a FIFO without a reader, and
+// Error naming the path for failed writes.
 void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 

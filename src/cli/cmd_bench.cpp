@@ -27,6 +27,7 @@
 
 #include "cli/args.hpp"
 #include "cli/command.hpp"
+#include "cli/seed.hpp"
 #include "moex/bench.hpp"
 #include "moex/check.hpp"
 #include "moex/cpu_kernels.hpp"
@@ -211,7 +212,7 @@ int run_bench_experts(const std::vector<std::string>& argv) {
   if (!dev.is_cuda() && graph_mode != GraphMode::kOff)
     throw InvalidInput("--graph on|both needs --device cuda (graphs are CUDA graphs)");
   const bool json = a.has("json"), check = !a.has("no-check");
-  const uint64_t seed = uint64_t(a.get_int("seed", 1));
+  const uint64_t seed = parse_seed(a.get("seed"), 1);
   // --cpu-kernel: grouped_mm on the CPU runs that kernel path (registered explicitly for this
   // process), and the peak ceiling is the one of that path's family.
   std::optional<CpuKernelPath> cpu_kernel;
@@ -225,24 +226,43 @@ int run_bench_experts(const std::vector<std::string>& argv) {
   spec.num_experts = sh.E;
   spec.hidden = sh.H;
   spec.intermediate = sh.I;
-  const int64_t R = spec.gate_up_rows();
+  const size_t es = dtype_size(dt);
+  // Memory check before anything is allocated: the weights (made on the host, also for a GPU
+  // run) and the activations of the largest token count. Computed in floating point, which
+  // cannot wrap around: once the total is below the limit, every integer size below is far
+  // from overflowing int64.
+  const int64_t max_T = tokens.empty() ? 0 : *std::max_element(tokens.begin(), tokens.end());
+  const double expert_bytes =
+      (2.0 * double(sh.I) * double(sh.H) + double(sh.H) * double(sh.I)) * double(es);
+  const double weight_bytes = expert_bytes * double(sh.E);
+  // Per token: hidden in and out (out counted as float32), the routing (int64 id + float32
+  // weight per slot) and the backends' float32 intermediates (gate_up rows + activated rows).
+  const double act_bytes =
+      double(max_T) * (double(sh.H) * double(es + 4) +
+                       double(sh.k) * (12.0 + 4.0 * (2.0 * double(sh.I) + double(sh.I))));
+  {
+    const double avail = double(sysconf(_SC_AVPHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+    auto gb = [](double b) {
+      char t[32];
+      std::snprintf(t, sizeof t, "%.3g", b / 1e9);
+      return std::string(t);
+    };
+    if (weight_bytes + act_bytes > 0.8 * avail)
+      throw Unsupported("shape " + std::string(sh.name) + " (E=" + std::to_string(sh.E) + " k=" +
+                        std::to_string(sh.k) + " H=" + std::to_string(sh.H) + " I=" +
+                        std::to_string(sh.I) + ") needs " + gb(weight_bytes + act_bytes) +
+                        " GB of host memory in " + std::string(dtype_name(dt)) + " (weights " +
+                        gb(weight_bytes) + " GB + activations " + gb(act_bytes) + " GB at " +
+                        std::to_string(max_T) + " tokens), more than 80 % of the " + gb(avail) +
+                        " GB available on this machine");
+  }
   for (auto& b : backends) {  // fail before the expensive setup
     auto be = get_experts_backend(b);
     if (auto why = be->unsupported_reason(spec, dt, dev); !why.empty())
       throw Unsupported("experts backend '" + b + "' cannot run on " + dev.str() + " in " +
                         std::string(dtype_name(dt)) + ": it " + why);
   }
-  const size_t es = dtype_size(dt);
-  const double expert_bytes = double((R * sh.H + sh.H * sh.I) * int64_t(es));
-  const double weight_bytes = expert_bytes * double(sh.E);
-  if (dev.is_cpu()) {
-    double avail = double(sysconf(_SC_AVPHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-    if (weight_bytes > 0.8 * avail)
-      throw Unsupported("shape " + std::string(sh.name) + " needs " +
-                        std::to_string(int64_t(weight_bytes / 1e9)) + " GB of weights in " +
-                        std::string(dtype_name(dt)) + "; this machine has " +
-                        std::to_string(int64_t(avail / 1e9)) + " GB available");
-  }
+  const int64_t R = spec.gate_up_rows();
 
   // Ceilings, measured here unless given.
   double bw_gbs = a.get_double("bandwidth-gbs", 0), peak_tflops = a.get_double("peak-tflops", 0);

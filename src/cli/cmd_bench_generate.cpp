@@ -33,6 +33,7 @@
 
 #include "cli/args.hpp"
 #include "cli/command.hpp"
+#include "cli/seed.hpp"
 #include "moex/bench.hpp"
 #include "moex/error.hpp"
 #include "moex/model.hpp"
@@ -121,7 +122,7 @@ int run_bench_generate(const std::vector<std::string>& argv) {
   const double dense_bytes = double(info.weight_bytes - info.experts_weight_bytes - info.embedding_bytes);
   const double E = double(std::max<int64_t>(info.num_experts, 1)), k = double(info.experts_per_token);
   const double moe_share = info.num_experts > 0 ? k / E : 0.0;
-  std::mt19937_64 rng(uint64_t(a.get_int("seed", 0)));
+  std::mt19937_64 rng(parse_seed(a.get("seed"), 0));
   std::uniform_int_distribution<int64_t> id(0, info.vocab_size - 1);
 
   // The rows: every (batch, prompt) pair, or the --cases list "BxP,BxP" (e.g. "1x128,32x128,1x4096").

@@ -23,6 +23,7 @@
 #include "cli/args.hpp"
 #include "cli/command.hpp"
 #include "cli/load_progress.hpp"
+#include "cli/seed.hpp"
 #include "cli/text_stream.hpp"
 #include "moex/checkpoint.hpp"
 #include "moex/error.hpp"
@@ -154,7 +155,7 @@ int run_generate(const std::vector<std::string>& argv) {
   g.temperature = float(a.get_double("temperature", 1.0));
   g.top_k = a.get_int("top-k", 0);
   g.top_p = float(a.get_double("top-p", 1.0));
-  g.seed = uint64_t(a.get_int("seed", 0));
+  g.seed = parse_seed(a.get("seed"), 0);
   apply_decode_flags(a, g);
 
   // Text prompts: read and encode before the load, so that a missing tokenizer or an unreadable

@@ -44,7 +44,9 @@ int run_logits(const std::vector<std::string>& argv) {
   j["logits_shape"] = logits.shape();
   j["attention_mask"] = mask.defined();
   j["out"] = out;
-  std::printf("%s\n", j.dump().c_str());
+  // File names are bytes, JSON text is UTF-8: a name that is not valid UTF-8 is shown with
+  // U+FFFD in place of the bad bytes (the file itself was written under the name given).
+  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;
 }
 

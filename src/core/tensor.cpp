@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -21,9 +22,25 @@ std::string shape_str(const Shape& s) {
 }
 
 int64_t shape_numel(const Shape& s) {
+  // Shapes come from files and configs: a product that wraps around would turn a huge request
+  // into a small (or negative) one that passes every later check.
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    if (d < 0) throw InvalidInput("negative dimension in shape " + shape_str(s));
+  for (int64_t d : s) {
+    if (__builtin_mul_overflow(n, d, &n))
+      throw InvalidInput("shape " + shape_str(s) + " has more elements than fit in 64 bits");
+  }
   return n;
+}
+
+// Bytes of a contiguous tensor of `shape`, checked for overflow.
+static size_t shape_bytes(const Shape& shape, DType dtype) {
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(size_t(shape_numel(shape)), dtype_size(dtype), &bytes))
+    throw InvalidInput("shape " + shape_str(shape) + " of " + std::string(dtype_name(dtype)) +
+                       " has more bytes than fit in 64 bits");
+  return bytes;
 }
 
 Shape contiguous_strides(const Shape& shape) {
@@ -45,8 +62,9 @@ Storage::~Storage() {
 
 std::shared_ptr<Storage> Storage::host(size_t bytes, bool zero, Device dev) {
   size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded);
-  if (!p) throw Error("out of host memory allocating " + std::to_string(bytes) + " bytes");
+  void* p = bytes > SIZE_MAX - 64 ? nullptr : std::aligned_alloc(64, rounded);
+  if (!p) throw Error("out of host memory allocating " + std::to_string(bytes) + " bytes (" +
+                      std::to_string(bytes / 1000000000) + " GB)");
   if (zero) std::memset(p, 0, rounded);
   return std::make_shared<Storage>(p, bytes, dev, [](void* q) { std::free(q); });
 }
@@ -67,15 +85,13 @@ static std::shared_ptr<Storage> alloc_on(size_t bytes, Device device, bool zero)
 }
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
-  for (int64_t d : shape)
-    if (d < 0) throw InvalidInput("negative dimension in shape " + shape_str(shape));
-  size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  const size_t bytes = shape_bytes(shape, dtype);
   Shape st = contiguous_strides(shape);
   return Tensor(alloc_on(bytes, device, false), 0, dtype, std::move(shape), std::move(st));
 }
 
 Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
-  size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  const size_t bytes = shape_bytes(shape, dtype);
   Shape st = contiguous_strides(shape);
   return Tensor(alloc_on(bytes, device, true), 0, dtype, std::move(shape), std::move(st));
 }

@@ -27,7 +27,8 @@ bool is_file(const fs::path& p) {
 
 // A shard name from an index must stay inside the checkpoint folder.
 bool safe_shard_name(const std::string& s) {
-  if (s.empty()) return false;
+  // A NUL would end the name where the file system reads it: "a\0b" would open "a".
+  if (s.empty() || s.find('\0') != std::string::npos) return false;
   const fs::path p(s);
   if (p.is_absolute()) return false;
   for (const auto& part : p)
@@ -83,14 +84,14 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   std::set<std::string> shards;
   for (const auto& [name, shard] : weight_map.items()) {
     if (!shard.is_string())
-      throw InvalidInput(ip + ": tensor '" + name + "' maps to " + io::json_type_name(shard) +
+      throw InvalidInput(ip + ": tensor '" + io::printable(name) + "' maps to " + io::json_type_name(shard) +
                          ", expected a shard file name");
     const std::string s = shard.get<std::string>();
     if (!safe_shard_name(s))
-      throw InvalidInput(ip + ": tensor '" + name + "' maps to shard '" + s +
+      throw InvalidInput(ip + ": tensor '" + io::printable(name) + "' maps to shard '" + io::printable(s) +
                          "', which is not a file name inside the folder");
     if (!is_file(root / s))
-      throw InvalidInput(ip + ": tensor '" + name + "' maps to shard '" + s +
+      throw InvalidInput(ip + ": tensor '" + io::printable(name) + "' maps to shard '" + io::printable(s) +
                          "', which does not exist in " + dir);
     shards.insert(s);
   }
@@ -99,15 +100,15 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
     for (const auto& [name, e] : file->entries()) {
       const auto [it, fresh] = ck->where_.emplace(name, s);
       if (!fresh)
-        throw InvalidInput(ip + ": tensor '" + name + "' is stored in both '" + it->second +
-                           "' and '" + s + "'");
+        throw InvalidInput(ip + ": tensor '" + io::printable(name) + "' is stored in both '" + io::printable(it->second) +
+                           "' and '" + io::printable(s) + "'");
     }
     ck->files_[s] = std::move(file);
   }
   for (const auto& [name, shard] : weight_map.items()) {
     const auto it = ck->where_.find(name);
     if (it == ck->where_.end() || it->second != shard.get<std::string>())
-      throw InvalidInput(ip + ": maps tensor '" + name + "' to '" + shard.get<std::string>() +
+      throw InvalidInput(ip + ": maps tensor '" + io::printable(name) + "' to '" + io::printable(shard.get<std::string>()) +
                          "', which does not contain it");
   }
   return ck;
@@ -134,8 +135,14 @@ std::vector<std::string> Checkpoint::names() const {
 
 Tensor Checkpoint::get(const std::string& name) const {
   const auto it = where_.find(name);
-  if (it == where_.end()) throw InvalidInput("missing tensor '" + name + "' in " + dir_);
+  if (it == where_.end()) throw InvalidInput("missing tensor '" + io::printable(name) + "' in " + dir_);
   return files_.at(it->second)->get(name);
+}
+
+Shape Checkpoint::shape(const std::string& name) const {
+  const auto it = where_.find(name);
+  if (it == where_.end()) throw InvalidInput("missing tensor '" + io::printable(name) + "' in " + dir_);
+  return files_.at(it->second)->entry(name).shape;
 }
 
 Tensor Checkpoint::get(const std::string& name, const Shape& expected, DType dtype) const {

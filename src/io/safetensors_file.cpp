@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/output_file.hpp"
 #include "moex/error.hpp"
 #include "moex/safetensors.hpp"
 
@@ -60,20 +61,6 @@ struct FdGuard {
 size_t element_alignment(DType t) {
   const size_t s = dtype_size(t);
   return s == 0 ? 1 : s;
-}
-
-// write(2) until done; EINTR and short writes are normal for large buffers.
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw Error(path + ": write failed: " + errno_text());
-    }
-    p += w;
-    n -= size_t(w);
-  }
 }
 
 }  // namespace
@@ -164,32 +151,15 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // JSON allows trailing spaces
 
-  // Write beside the target and rename, so a failed write never leaves a half file under `path`.
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    FdGuard fd{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-    if (fd.fd < 0) throw Error(tmp + ": cannot create: " + errno_text());
-    try {
-      uint8_t len[8];
-      for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
-      write_all(fd.fd, len, 8, tmp);
-      write_all(fd.fd, text.data(), text.size(), tmp);
-      for (const auto& [name, t] : order) write_all(fd.fd, t.raw(), t.nbytes(), tmp);
-      if (::close(fd.fd) != 0) {
-        fd.fd = -1;
-        throw Error(tmp + ": close failed: " + errno_text());
-      }
-      fd.fd = -1;
-    } catch (...) {
-      ::unlink(tmp.c_str());
-      throw;
-    }
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = errno_text();
-    ::unlink(tmp.c_str());
-    throw Error(path + ": cannot rename " + tmp + " into place: " + why);
-  }
+  // OutputFile: a regular target is replaced only once the whole file is written (a temporary
+  // file renamed into place); devices and FIFOs are written through (io/output_file.hpp).
+  io::OutputFile out(path);
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
+  out.write(len, 8);
+  out.write(text.data(), text.size());
+  for (const auto& [name, t] : order) out.write(t.raw(), t.nbytes());
+  out.commit();
 }
 
 }  // namespace moex

@@ -26,4 +26,9 @@ nlohmann::json read_json_file(const std::string& path, int max_depth = 64);
 // The type of a JSON value as error messages name it ("string", "integer", "array", ...).
 std::string json_type_name(const nlohmann::json& j);
 
+// A name from a file (tensor, shard, key) as an error message can show it: control bytes (a NUL
+// would cut the message where C strings end) become \xNN, and so does a backslash; the rest is
+// unchanged.
+std::string printable(const std::string& s);
+
 }  // namespace moex::io

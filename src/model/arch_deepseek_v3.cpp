@@ -103,7 +103,31 @@ class DeepseekV3LM final : public DecoderLM {
                          std::to_string(rope_dim_));
     const Activation activation = parse_activation(c.get_string("hidden_act", "silu"));
     layout_ = c.get_bool("rope_interleave", true) ? RopeLayout::kInterleaved : RopeLayout::kHalf;
-    rope_ = make_rope(c.json, rope_dim_);
+    // The config's sizes against the headers before the first allocation they drive (the rope
+    // table: qk_rope_head_dim; the fused experts: n_routed_experts x moe_intermediate_size x H).
+    ExpectedShapes expected(c.where);
+    const int64_t q_rows = expected.mul(heads_, nope_ + rope_dim_, "num_attention_heads x qk_head_dim");
+    const int64_t kv_b_rows = expected.mul(heads_, nope_ + v_dim_, "num_attention_heads x (qk_nope_head_dim + v_head_dim)");
+    const int64_t o_cols = expected.mul(heads_, v_dim_, "num_attention_heads x v_head_dim");
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string p = prefix() + "layers." + std::to_string(l) + ".";
+      const std::string ap = p + "self_attn.";
+      if (q_lora_ > 0) {
+        expected.add_linear(ap + "q_a_proj", q_lora_, H);
+        expected.add_linear(ap + "q_b_proj", q_rows, q_lora_);
+      } else {
+        expected.add_linear(ap + "q_proj", q_rows, H);
+      }
+      expected.add_linear(ap + "kv_a_proj_with_mqa", kv_lora_ + rope_dim_, H);
+      expected.add_linear(ap + "kv_b_proj", kv_b_rows, kv_lora_);
+      expected.add_linear(ap + "o_proj", H, o_cols);
+      if (l >= first_dense) {
+        expected.add_linear(p + "mlp.gate", E, H);
+        expected.add_experts(ckpt, p + "mlp.experts", E, H, moe_inter, {});
+      }
+    }
+    expected.check(ckpt);
+    rope_ = make_rope(c.json, rope_dim_, c.where);
     scale_ = mla_softmax_scale(c.json, qk_dim_, c.where);
     eps_ = float(c.rms_norm_eps);
     // The cache holds [latent; rope key] per token; a decode step's absorbed MQA computes

@@ -51,7 +51,19 @@ class GptOssLM final : public DecoderLM {
     // transformers hard-codes limit 7 and alpha 1.702; real configs carry swiglu_limit = 7 too.
     const float limit = float(c.get_double("swiglu_limit", 7.0));
     constexpr float kAlpha = 1.702f;
-    rope_ = make_rope(gpt_oss_rope_config(c.json), head_dim_);
+    // The config's sizes against the headers before the rope table (head_dim) is allocated.
+    ExpectedShapes expected(c.where);
+    const int64_t q_rows = expected.mul(heads_, head_dim_, "num_attention_heads x head_dim");
+    const int64_t kv_rows = expected.mul(kv_heads_, head_dim_, "num_key_value_heads x head_dim");
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string p = prefix() + "layers." + std::to_string(l) + ".self_attn.";
+      expected.add_linear(p + "q_proj", q_rows, H);
+      expected.add_linear(p + "k_proj", kv_rows, H);
+      expected.add_linear(p + "v_proj", kv_rows, H);
+      expected.add_linear(p + "o_proj", H, q_rows);
+    }
+    expected.check(ckpt);
+    rope_ = make_rope(gpt_oss_rope_config(c.json), head_dim_, c.where);
     eps_ = float(c.rms_norm_eps);
     set_attention_cost(2 * kv_heads_ * head_dim_, 4 * heads_ * head_dim_);
 

@@ -49,8 +49,9 @@ struct DecoderConfig {
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;   // num_key_value_heads, default num_heads
   int64_t head_dim = 0;       // head_dim when present and not null, else hidden / heads
-  double rms_norm_eps = 1e-6;
+  double rms_norm_eps = 1e-6;  // >= 0
   bool tie_word_embeddings = false;
+  int64_t max_positions = 0;  // max_position_embeddings; 0 when absent (no limit)
 
   // Typed getters over `json` (InvalidInput naming the key when missing / wrong type; the
   // defaulted forms also accept an explicit null as "absent").
@@ -63,6 +64,8 @@ struct DecoderConfig {
   bool has(const std::string& key) const;  // present and not null
 };
 DecoderConfig parse_decoder_config(const nlohmann::json& j, const std::string& where);
+// A boolean key of any config object (false when absent or null; InvalidInput for another type).
+bool parse_decoder_flag(const nlohmann::json& j, const std::string& key, const std::string& where);
 
 // Base of decoder-only LMs: embedding -> layer_forward for each layer -> final norm -> lm_head.
 class DecoderLM : public CausalLM {

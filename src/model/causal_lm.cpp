@@ -2,6 +2,8 @@
 // and from_pretrained. Generation lives in generate.cpp.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <new>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -173,15 +175,39 @@ std::vector<int64_t> CausalLM::left_padding(const Tensor& input_ids, const Tenso
   return any ? pad : std::vector<int64_t>{};
 }
 
+void CausalLM::check_positions(int64_t positions, const std::string& what) const {
+  const int64_t max = info_.max_position_embeddings;
+  if (max > 0 && positions > max)
+    throw InvalidInput(what + " = " + std::to_string(positions) + " positions, more than the " +
+                       std::to_string(max) + " of max_position_embeddings in the model's config.json");
+}
+
+void CausalLM::check_finite(const Tensor& logits, const std::string& what) const {
+  const float* p = logits.data<float>();
+  const int64_t n = logits.numel(), V = logits.size(logits.dim() - 1);
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i]))
+      throw Error("the forward gave a non-finite logit (" + std::to_string(p[i]) + " at row " +
+                  std::to_string(i / V) + ", token id " + std::to_string(i % V) + ") " + what +
+                  "; the checkpoint's weights or config values (rope, rms_norm_eps) overflow");
+}
+
 Tensor CausalLM::logits(const Tensor& input_ids, const Tensor& attention_mask) {
   validate_ids(input_ids);
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
+  check_positions(T, "the input of " + std::to_string(T) + " tokens");
   model::KVCache cache(B, info_.num_layers, T);
   model::Step step{B, T, 0};
   step.pad = left_padding(input_ids, attention_mask);
   step.ids = input_ids.to_int_vector();
   // The public result is float32 on the host, whatever the device computed in.
   Tensor out = forward(step, cache, false).to(Device::cpu()).to(DType::kF32);
+  // Padding rows are not meaningful (and may hold anything): only real tokens' rows are checked.
+  if (step.pad.empty()) check_finite(out, "in logits()");
+  else
+    for (int64_t b = 0; b < B; ++b)
+      check_finite(out.slice(0, b * T + step.pad[size_t(b)], (b + 1) * T).contiguous(),
+                   "in logits() for sequence " + std::to_string(b));
   return out.view({B, T, out.size(1)});
 }
 
@@ -226,11 +252,14 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const LoadOpti
     // The checkpoint's own dtype, as transformers' dtype="auto" would pick.
     const auto& c = ckpt->config();
     std::string name = "float32";
-    for (const char* key : {"dtype", "torch_dtype"})
-      if (c.contains(key) && c[key].is_string()) {
-        name = c[key].get<std::string>();
-        break;
-      }
+    for (const char* key : {"dtype", "torch_dtype"}) {
+      if (!c.contains(key) || c[key].is_null()) continue;
+      if (!c[key].is_string())
+        throw InvalidInput(dir + "/config.json: key '" + key + "' must be a string, got " +
+                           io::json_type_name(c[key]));
+      name = c[key].get<std::string>();
+      break;
+    }
     o.dtype = parse_dtype(name);
   }
   int64_t total = 0, done = 0;
@@ -241,7 +270,17 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const LoadOpti
   for (const auto& e : model::architectures())
     if (type == e.model_type) {
       const auto t0 = std::chrono::steady_clock::now();
-      std::unique_ptr<CausalLM> m = e.make(*ckpt, o);
+      std::unique_ptr<CausalLM> m;
+      try {
+        m = e.make(*ckpt, o);
+      } catch (const std::bad_alloc&) {
+        if (o.progress) ckpt->set_read_hook(nullptr);
+        // Tensor allocations name their size themselves (moex::Error); this is any other one.
+        throw Error("out of host memory while loading the " + type + " model from " + dir);
+      } catch (...) {
+        if (o.progress) ckpt->set_read_hook(nullptr);
+        throw;
+      }
       if (o.progress) {
         ckpt->set_read_hook(nullptr);  // it refers to this frame; the model may keep the checkpoint
         o.progress(total, total);

@@ -1,10 +1,13 @@
 // DecoderLM: what every decoder-only MoE LM shares (config fields, embedding, final norm,
 // lm_head, the layer loop). Architectures add their layers (architecture.hpp).
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
 
 #include "core/device_hooks.hpp"
+#include "io/strict_json.hpp"
 #include "model/architecture.hpp"
 #include "moex/error.hpp"
 
@@ -25,7 +28,8 @@ bool DecoderConfig::has(const std::string& key) const { return find_key(json, ke
 int64_t DecoderConfig::get_int(const std::string& key) const {
   const auto* v = find_key(json, key);
   if (!v) throw InvalidInput(where + ": missing key '" + key + "'");
-  if (!v->is_number_integer()) throw InvalidInput(where + ": key '" + key + "' must be an integer");
+  if (!v->is_number_integer())
+    throw InvalidInput(where + ": key '" + key + "' must be an integer, got " + io::json_type_name(*v));
   return v->get<int64_t>();
 }
 int64_t DecoderConfig::get_int(const std::string& key, int64_t dflt) const {
@@ -34,7 +38,9 @@ int64_t DecoderConfig::get_int(const std::string& key, int64_t dflt) const {
 double DecoderConfig::get_double(const std::string& key) const {
   const auto* v = find_key(json, key);
   if (!v) throw InvalidInput(where + ": missing key '" + key + "'");
-  if (!v->is_number()) throw InvalidInput(where + ": key '" + key + "' must be a number");
+  if (!v->is_number())
+    throw InvalidInput(where + ": key '" + key + "' must be a number, got " + io::json_type_name(*v));
+  if (!std::isfinite(v->get<double>())) throw InvalidInput(where + ": key '" + key + "' must be finite");
   return v->get<double>();
 }
 double DecoderConfig::get_double(const std::string& key, double dflt) const {
@@ -43,14 +49,24 @@ double DecoderConfig::get_double(const std::string& key, double dflt) const {
 bool DecoderConfig::get_bool(const std::string& key, bool dflt) const {
   const auto* v = find_key(json, key);
   if (!v) return dflt;
-  if (!v->is_boolean()) throw InvalidInput(where + ": key '" + key + "' must be true or false");
+  if (!v->is_boolean())
+    throw InvalidInput(where + ": key '" + key + "' must be true or false, got " + io::json_type_name(*v));
   return v->get<bool>();
 }
 std::string DecoderConfig::get_string(const std::string& key, const std::string& dflt) const {
   const auto* v = find_key(json, key);
   if (!v) return dflt;
-  if (!v->is_string()) throw InvalidInput(where + ": key '" + key + "' must be a string");
+  if (!v->is_string())
+    throw InvalidInput(where + ": key '" + key + "' must be a string, got " + io::json_type_name(*v));
   return v->get<std::string>();
+}
+
+bool parse_decoder_flag(const nlohmann::json& j, const std::string& key, const std::string& where) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return false;
+  if (!it->is_boolean())
+    throw InvalidInput(where + ": key '" + key + "' must be true or false, got " + io::json_type_name(*it));
+  return it->get<bool>();
 }
 
 DecoderConfig parse_decoder_config(const nlohmann::json& j, const std::string& where) {
@@ -68,7 +84,16 @@ DecoderConfig parse_decoder_config(const nlohmann::json& j, const std::string& w
     throw InvalidInput(where + ": invalid sizes (vocab_size, hidden_size, num_hidden_layers, "
                        "num_attention_heads, num_key_value_heads)");
   c.head_dim = c.get_int("head_dim", c.hidden_size / c.num_heads);
+  if (c.head_dim <= 0)
+    throw InvalidInput(where + ": head_dim must be positive, got " + std::to_string(c.head_dim));
   c.rms_norm_eps = c.get_double("rms_norm_eps", 1e-6);
+  // A negative epsilon makes rms_norm take the square root of a negative number for small
+  // activations: NaN logits.
+  if (c.rms_norm_eps < 0)
+    throw InvalidInput(where + ": rms_norm_eps must be >= 0, got " + std::to_string(c.rms_norm_eps));
+  c.max_positions = c.get_int("max_position_embeddings", 0);
+  if (c.max_positions < 0)
+    throw InvalidInput(where + ": max_position_embeddings must be >= 0, got " + std::to_string(c.max_positions));
   c.tie_word_embeddings = c.get_bool("tie_word_embeddings", false);
   return c;
 }
@@ -101,6 +126,13 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
   info_.vocab_size = cfg_.vocab_size;
   info_.hidden_size = cfg_.hidden_size;
   info_.num_layers = cfg_.num_layers;
+  info_.max_position_embeddings = cfg_.max_positions;
+  // Per-layer arrays are sized by num_hidden_layers before any layer is read: the last layer
+  // must exist (its input norm is common to every architecture).
+  const std::string last = prefix_ + "layers." + std::to_string(cfg_.num_layers - 1) + ".input_layernorm.weight";
+  if (!ckpt.has(last))
+    throw InvalidInput(cfg_.where + ": num_hidden_layers is " + std::to_string(cfg_.num_layers) +
+                       ", but the checkpoint has no tensor '" + last + "'");
   for (const auto& name : ckpt.names()) info_.parameter_count += shape_numel(ckpt.get(name).shape());
 
   const DType dt = info_.dtype;
@@ -129,7 +161,7 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
   Tensor head;
   if (ckpt.has("lm_head.weight"))
     head = ckpt.get("lm_head.weight", {cfg_.vocab_size, cfg_.hidden_size}, dt).to(dev);
-  else if (cfg_.tie_word_embeddings || top.value("tie_word_embeddings", false))
+  else if (cfg_.tie_word_embeddings || parse_decoder_flag(top, "tie_word_embeddings", ckpt.dir() + "/config.json"))
     head = embed_;
   else
     head = ckpt.get("lm_head.weight");  // throws "missing tensor 'lm_head.weight' in DIR"
@@ -139,16 +171,24 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
   lm_head_ = ops::prepare_linear(head);
 
   // Stop tokens: generation_config.json first, then config.json (int or list; null = none).
-  auto read_eos = [](const nlohmann::json& j, std::vector<int64_t>& out) {
+  // Any other type is an error: ignoring it would generate past the stop token silently.
+  auto read_eos = [](const nlohmann::json& j, const std::string& where, std::vector<int64_t>& out) {
     auto it = j.find("eos_token_id");
     if (it == j.end() || it->is_null()) return false;
+    const bool ints = it->is_number_integer() ||
+                      (it->is_array() && std::all_of(it->begin(), it->end(),
+                                                     [](const auto& v) { return v.is_number_integer(); }));
+    if (!ints)
+      throw InvalidInput(where + ": key 'eos_token_id' must be an integer or a list of integers, got " +
+                         it->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).substr(0, 80));
     if (it->is_number_integer()) out = {it->get<int64_t>()};
-    else if (it->is_array())
-      for (const auto& v : *it)
-        if (v.is_number_integer()) out.push_back(v.get<int64_t>());
+    else out = it->get<std::vector<int64_t>>();
     return !out.empty();
   };
-  if (!read_eos(ckpt.generation_config(), eos_) && !read_eos(top, eos_)) read_eos(text_config, eos_);
+  const std::string cfg_file = ckpt.dir() + "/config.json";
+  if (!read_eos(ckpt.generation_config(), ckpt.dir() + "/generation_config.json", eos_) &&
+      !read_eos(top, cfg_file, eos_))
+    read_eos(text_config, cfg_.where, eos_);
 }
 
 std::vector<bool> DecoderLM::sliding_layers(bool (*fallback)(int64_t layer)) const {

@@ -49,6 +49,11 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   const std::vector<int64_t> pad = left_padding(input_ids, attention_mask);
   validate_options(options);
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
+  int64_t positions = 0;  // saturated: max_new_tokens may be any int64
+  if (__builtin_add_overflow(T, options.max_new_tokens, &positions)) positions = INT64_MAX;
+  if (!options.allow_beyond_max_positions)
+    check_positions(positions, "a prompt of " + std::to_string(T) + " tokens + " +
+                                   std::to_string(options.max_new_tokens) + " new tokens");
   const std::vector<int64_t> eos = options.eos_token_ids.value_or(eos_);
   std::vector<std::vector<int64_t>> seqs(static_cast<size_t>(B));
   const auto prompt = input_ids.to_int_vector();
@@ -112,6 +117,10 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
     return c;
   };
   for (int64_t n = 0; n < options.max_new_tokens; ++n) {
+    // Non-finite logits would pick garbage tokens silently. On the host the check is one pass
+    // over B x V floats; a GPU's logits stay on the device (no extra copy or sync for it).
+    if (info_.device.host_accessible() && logits.dtype() == DType::kF32)
+      check_finite(logits, "at new token " + std::to_string(n));
     // One choice for every row (on the model's device; the ids come back to the host).
     std::vector<int64_t> next = ops::choose_tokens(logits, options.do_sample ? &sampling : nullptr, rng);
     if (n == 0) {

@@ -9,14 +9,18 @@ namespace moex::model {
 
 nlohmann::json gpt_oss_rope_config(const nlohmann::json& config) {
   nlohmann::json c = config;
-  auto is_obj = [&](const char* k) { return c.contains(k) && c[k].is_object(); };
+  // Present = not absent and not null; a present value that is not an object is left for
+  // make_rope to report.
+  auto is_obj = [&](const char* k) { return c.contains(k) && !c[k].is_null(); };
   if (!is_obj("rope_parameters") && !is_obj("rope_scaling"))
     c["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 32.0},
                             {"beta_fast", 32.0},   {"beta_slow", 1.0},
                             {"truncate", false},   {"original_max_position_embeddings", 4096}};
   const char* key = is_obj("rope_parameters") ? "rope_parameters" : "rope_scaling";
-  const bool has_theta = (c[key].contains("rope_theta") && c[key]["rope_theta"].is_number()) ||
-                         (c.contains("rope_theta") && c["rope_theta"].is_number());
+  if (!c[key].is_object()) return c;
+  // A rope_theta of the wrong type counts as present: make_rope reports it.
+  auto given = [](const nlohmann::json& j) { return j.contains("rope_theta") && !j["rope_theta"].is_null(); };
+  const bool has_theta = given(c[key]) || given(c);
   if (!has_theta) c[key]["rope_theta"] = 150000.0;
   return c;
 }

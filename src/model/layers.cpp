@@ -4,13 +4,54 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "core/device_hooks.hpp"
+#include "io/strict_json.hpp"
 #include "moex/error.hpp"
 
 namespace moex::model {
+
+// ---- shapes ----
+
+int64_t ExpectedShapes::mul(int64_t a, int64_t b, const char* what) const {
+  int64_t r = 0;
+  if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r))
+    throw InvalidInput(where + ": " + what + " (" + std::to_string(a) + " x " + std::to_string(b) +
+                       ") is negative or overflows 64 bits");
+  return r;
+}
+
+void ExpectedShapes::add_experts(const Checkpoint& ckpt, const std::string& prefix, int64_t num_experts,
+                                 int64_t hidden, int64_t intermediate, const ExpertNames& names) {
+  if (ckpt.has(prefix + ".gate_up_proj")) {
+    add(prefix + ".gate_up_proj", {num_experts, mul(2, intermediate, "2 x intermediate size"), hidden});
+    add(prefix + ".down_proj", {num_experts, hidden, intermediate});
+    return;
+  }
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const std::string p = prefix + "." + std::to_string(e) + ".";
+    add(p + names.gate + names.suffix, {intermediate, hidden});
+    add(p + names.up + names.suffix, {intermediate, hidden});
+    add(p + names.down + names.suffix, {hidden, intermediate});
+    // A missing expert stops the listing: check() reports it without listing every later one.
+    if (!ckpt.has(p + names.gate + names.suffix)) return;
+  }
+}
+
+void ExpectedShapes::check(const Checkpoint& ckpt) const {
+  for (const auto& [name, shape] : list) {
+    if (!ckpt.has(name))
+      throw InvalidInput("missing tensor '" + name + "' in " + ckpt.dir() + " (expected " +
+                         shape_str(shape) + " from " + where + ")");
+    const Shape got = ckpt.shape(name);
+    if (got != shape)
+      throw InvalidInput("tensor '" + name + "' in " + ckpt.dir() + " has shape " + shape_str(got) +
+                         ", expected " + shape_str(shape) + " from " + where);
+  }
+}
 
 // ---- linear ----
 
@@ -43,26 +84,57 @@ Tensor load_vector(const Checkpoint& ckpt, const std::string& name, int64_t dim,
 
 // ---- rope ----
 
-Rope make_rope(const nlohmann::json& config, int64_t rotary_dim) {
+Rope make_rope(const nlohmann::json& config, int64_t rotary_dim, const std::string& where) {
   // transformers 5 keeps everything in "rope_parameters"; older configs have rope_theta at the
-  // top level and the scaling in "rope_scaling".
-  nlohmann::json p = nlohmann::json::object();
-  if (config.contains("rope_parameters") && config["rope_parameters"].is_object()) {
-    p = config["rope_parameters"];
-  } else if (config.contains("rope_scaling") && config["rope_scaling"].is_object()) {
-    p = config["rope_scaling"];
+  // top level and the scaling in "rope_scaling". A value of the wrong type is an error, never a
+  // silent default: a rope that falls back to defaults gives plausible but wrong logits.
+  const char* pkey = nullptr;
+  for (const char* k : {"rope_parameters", "rope_scaling"}) {
+    const auto it = config.find(k);
+    if (it == config.end() || it->is_null()) continue;
+    if (!it->is_object())
+      throw InvalidInput(where + ": key '" + k + "' must be an object, got " + io::json_type_name(*it));
+    if (!pkey) pkey = k;
   }
-  auto num = [&](const char* k, double dflt) {
-    if (p.contains(k) && p[k].is_number()) return p[k].get<double>();
-    if (config.contains(k) && config[k].is_number()) return config[k].get<double>();
-    return dflt;
+  const nlohmann::json p = pkey ? config[pkey] : nlohmann::json::object();
+  // The value of `k` (rope parameters first, then the top level), checked: a number, finite.
+  auto find_num = [&](const char* k) -> std::optional<double> {
+    for (const auto* j : {&p, &config}) {
+      const auto it = j->find(k);
+      if (it == j->end() || it->is_null()) continue;
+      const std::string name = j == &p ? std::string(pkey) + "." + k : std::string(k);
+      if (!it->is_number())
+        throw InvalidInput(where + ": key '" + name + "' must be a number, got " + io::json_type_name(*it));
+      const double v = it->get<double>();
+      if (!std::isfinite(v)) throw InvalidInput(where + ": key '" + name + "' must be finite");
+      return v;
+    }
+    return std::nullopt;
+  };
+  auto num = [&](const char* k, double dflt) { return find_num(k).value_or(dflt); };
+  // A positive number when present (rope_theta, factor, ...): 0 or less gives NaN or inf logits.
+  auto positive = [&](const char* k, double dflt) {
+    const auto v = find_num(k);
+    if (v && !(*v > 0))
+      throw InvalidInput(where + ": key '" + (p.contains(k) ? std::string(pkey) + "." + k : std::string(k)) +
+                         "' must be > 0, got " + std::to_string(*v));
+    return v.value_or(dflt);
   };
   std::string type = "default";
-  if (p.contains("rope_type") && p["rope_type"].is_string()) type = p["rope_type"];
-  else if (p.contains("type") && p["type"].is_string()) type = p["type"];
-  const double theta = num("rope_theta", 10000.0);
+  for (const char* k : {"rope_type", "type"}) {
+    const auto it = p.find(k);
+    if (it == p.end() || it->is_null()) continue;
+    if (!it->is_string())
+      throw InvalidInput(where + ": key '" + std::string(pkey) + "." + k + "' must be a string, got " +
+                         io::json_type_name(*it));
+    type = it->get<std::string>();
+    break;
+  }
+  const double theta = positive("rope_theta", 10000.0);
   const int64_t dim = rotary_dim;
-  if (dim <= 0 || dim % 2) throw InvalidInput("rotary dimension must be even and positive, got " + std::to_string(dim));
+  if (dim <= 0 || dim % 2)
+    throw InvalidInput(where + ": the rotary dimension (head_dim) must be even and positive, got " +
+                       std::to_string(dim));
 
   Rope r;
   r.rotary_dim = dim;
@@ -72,17 +144,17 @@ Rope make_rope(const nlohmann::json& config, int64_t rotary_dim) {
     pos_freqs[size_t(i)] = std::pow(float(theta), float(2 * i) / float(dim));
   r.inv_freq.resize(size_t(dim / 2));
   if (type == "default" || type == "linear") {
-    const float factor = type == "linear" ? float(num("factor", 1.0)) : 1.0f;
+    const float factor = type == "linear" ? float(positive("factor", 1.0)) : 1.0f;
     for (int64_t i = 0; i < dim / 2; ++i) r.inv_freq[size_t(i)] = (1.0f / pos_freqs[size_t(i)]) / factor;
   } else if (type == "yarn") {
-    double factor = num("factor", 0.0);
+    double factor = positive("factor", 0.0);
     const double orig = num("original_max_position_embeddings", 0.0);
-    if (orig <= 0) throw InvalidInput("yarn rope needs original_max_position_embeddings");
-    if (factor <= 0) factor = num("max_position_embeddings", orig) / orig;
+    if (orig <= 0) throw InvalidInput(where + ": yarn rope needs original_max_position_embeddings > 0");
+    if (factor <= 0) factor = positive("max_position_embeddings", orig) / orig;
     auto get_mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
     const double mscale = num("mscale", 0.0), mscale_all = num("mscale_all_dim", 0.0);
-    if (p.contains("attention_factor") && p["attention_factor"].is_number())
-      r.attention_scaling = p["attention_factor"].get<double>();
+    if (p.contains("attention_factor") && !p["attention_factor"].is_null())
+      r.attention_scaling = positive("attention_factor", 1.0);
     else if (mscale != 0 && mscale_all != 0)
       r.attention_scaling = get_mscale(factor, mscale) / get_mscale(factor, mscale_all);
     else
@@ -90,7 +162,13 @@ Rope make_rope(const nlohmann::json& config, int64_t rotary_dim) {
     double beta_fast = num("beta_fast", 0.0), beta_slow = num("beta_slow", 0.0);
     if (beta_fast == 0) beta_fast = 32;
     if (beta_slow == 0) beta_slow = 1;
-    const bool truncate = p.contains("truncate") && p["truncate"].is_boolean() ? p["truncate"].get<bool>() : true;
+    bool truncate = true;
+    if (const auto it = p.find("truncate"); it != p.end() && !it->is_null()) {
+      if (!it->is_boolean())
+        throw InvalidInput(where + ": key '" + std::string(pkey) + ".truncate' must be true or false, got " +
+                           io::json_type_name(*it));
+      truncate = it->get<bool>();
+    }
     auto corr_dim = [&](double rot) {
       return (double(dim) * std::log(orig / (rot * 2 * M_PI))) / (2 * std::log(theta));
     };
@@ -111,7 +189,7 @@ Rope make_rope(const nlohmann::json& config, int64_t rotary_dim) {
       r.inv_freq[size_t(i)] = interp * (1.0f - extrap_factor) + extrap * extrap_factor;
     }
   } else {
-    throw Unsupported("rope type '" + type + "' is not supported (default, linear, yarn)");
+    throw Unsupported(where + ": rope type '" + type + "' is not supported (default, linear, yarn)");
   }
   return r;
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -66,8 +67,11 @@ Tensor load_vector(const Checkpoint& ckpt, const std::string& name, int64_t dim,
 // transformers 5, or the older "rope_theta" + "rope_scaling"). Types: default, linear, yarn
 // (with truncate, mscale / mscale_all_dim); others throw Unsupported. `rotary_dim` = dimensions
 // rotated per head (head_dim, or DeepSeek's qk_rope_head_dim); inv_freq is computed in float32
-// as torch does.
-Rope make_rope(const nlohmann::json& config, int64_t rotary_dim);
+// as torch does. Throws InvalidInput naming the key and `where` (the config file) for a value of
+// the wrong type (rope_parameters not an object, rope_theta not a number, rope_type not a string)
+// and for values that give NaN or inf (rope_theta, factor, attention_factor <= 0, non-finite).
+Rope make_rope(const nlohmann::json& config, int64_t rotary_dim,
+               const std::string& where = "config.json");
 
 // ---- attention ----
 
@@ -101,6 +105,31 @@ struct ExpertNames {
   std::string gate = "gate_proj", up = "up_proj", down = "down_proj";  // mixtral: w1, w3, w2
   std::string suffix = ".weight";
 };
+// Shapes, before anything is allocated.
+// The tensors a model will load with their expected shapes, checked against the checkpoint's
+// headers alone (nothing is read or allocated). Architectures check every tensor whose config
+// sizes drive an allocation made before that tensor is loaded (rope tables, per-layer arrays,
+// fused experts buffers), so that a wrong config value is reported at once as the tensor that
+// disagrees with it, instead of after gigabytes of allocations.
+struct ExpectedShapes {
+  explicit ExpectedShapes(std::string config_where) : where(std::move(config_where)) {}
+  // a * b for a dimension computed from config values: InvalidInput naming `what` on overflow.
+  int64_t mul(int64_t a, int64_t b, const char* what) const;
+  void add(const std::string& name, Shape shape) { list.emplace_back(name, std::move(shape)); }
+  // `<name>.weight` [out, in].
+  void add_linear(const std::string& name, int64_t out, int64_t in) { add(name + ".weight", {out, in}); }
+  // The experts of one MoE layer as load_experts reads them: fused `<prefix>.gate_up_proj` +
+  // `<prefix>.down_proj` when present, else every expert's gate / up / down.
+  void add_experts(const Checkpoint& ckpt, const std::string& prefix, int64_t num_experts,
+                   int64_t hidden, int64_t intermediate, const ExpertNames& names);
+  // Throws InvalidInput "tensor 'x' in DIR has shape [..], expected [..] (from DIR/config.json)"
+  // or "missing tensor 'x'" for the first disagreement.
+  void check(const Checkpoint& ckpt) const;
+
+  std::string where;
+  std::vector<std::pair<std::string, Shape>> list;
+};
+
 // Builds the experts module of one MoE layer at `prefix` (e.g. "model.layers.3.mlp.experts"):
 // either per-expert tensors `<prefix>.<e>.<gate|up|down><suffix>` fused into gate_up [E, 2I, H]
 // = [gate; up] and down [E, H, I] (hub layout), or already-fused `<prefix>.gate_up_proj`

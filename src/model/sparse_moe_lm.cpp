@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "io/strict_json.hpp"
 #include "moex/error.hpp"
 
 namespace moex::model {
@@ -30,10 +31,6 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
   if (flags_.clip_qkv && c.has("clip_qkv")) clip_qkv_ = float(c.get_double("clip_qkv"));
   const Activation act_fn = parse_activation(c.get_string("hidden_act", "silu"));
 
-  rope_ = make_rope(c.json, hd);
-  attn_ = gqa_spec(c.num_heads, c.num_kv_heads, hd);
-  set_attention_cost(2 * c.num_kv_heads * hd, 4 * c.num_heads * hd);
-
   const bool qkv_bias = c.get_bool(flags_.qkv_bias_key, flags_.qkv_bias_default);
   const bool o_bias = flags_.o_bias_follows && qkv_bias;
   const int64_t sparse_step = flags_.sparse_step ? c.get_int("decoder_sparse_step", 1) : 1;
@@ -42,12 +39,45 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
     throw InvalidInput(c.where + ": decoder_sparse_step must be >= 1, got " +
                        std::to_string(sparse_step));
   std::vector<int64_t> mlp_only;
-  if (flags_.sparse_step && c.has("mlp_only_layers"))
-    mlp_only = c.json["mlp_only_layers"].get<std::vector<int64_t>>();
+  if (flags_.sparse_step && c.has("mlp_only_layers")) {
+    const auto& j = c.json["mlp_only_layers"];
+    if (!j.is_array() || !std::all_of(j.begin(), j.end(), [](const auto& v) { return v.is_number_integer(); }))
+      throw InvalidInput(c.where + ": key 'mlp_only_layers' must be a list of layer indices, got " +
+                         io::json_type_name(j));
+    mlp_only = j.get<std::vector<int64_t>>();
+  }
+  std::vector<bool> moe(size_t(c.num_layers));
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    moe[size_t(l)] = std::find(mlp_only.begin(), mlp_only.end(), l) == mlp_only.end() &&
+                     (l + 1) % sparse_step == 0;
   const int64_t window = c.get_int("sliding_window", 0);
   const std::vector<bool> sliding = flags_.window == SparseMoeFlags::Window::kLayerTypes
                                         ? sliding_layers([](int64_t) { return false; })
                                         : std::vector<bool>(size_t(c.num_layers), false);
+
+  // The config's sizes against the headers before the first allocation they drive (the rope
+  // table: head_dim; the fused experts: num_experts x moe_intermediate_size x hidden_size).
+  ExpectedShapes expected(c.where);
+  const int64_t q_rows = expected.mul(c.num_heads, hd, "num_attention_heads x head_dim");
+  const int64_t kv_rows = expected.mul(c.num_kv_heads, hd, "num_key_value_heads x head_dim");
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = prefix() + "layers." + std::to_string(l) + ".";
+    expected.add_linear(p + "self_attn.q_proj", q_rows, H);
+    expected.add_linear(p + "self_attn.k_proj", kv_rows, H);
+    expected.add_linear(p + "self_attn.v_proj", kv_rows, H);
+    expected.add_linear(p + "self_attn.o_proj", H, q_rows);
+    if (moe[size_t(l)]) {
+      const std::string m = p + flags_.moe_block;
+      expected.add_linear(m + ".gate", num_experts_, H);
+      expected.add_experts(ckpt, m + ".experts", num_experts_, H, moe_I, flags_.expert_names);
+    }
+  }
+  expected.check(ckpt);
+
+  rope_ = make_rope(c.json, hd, c.where);
+  attn_ = gqa_spec(c.num_heads, c.num_kv_heads, hd);
+  set_attention_cost(2 * c.num_kv_heads * hd, 4 * c.num_heads * hd);
+
   const ExpertsSpec spec = gated_experts_spec(num_experts_, H, moe_I, act_fn);
 
   layers_.resize(size_t(c.num_layers));
@@ -70,8 +100,7 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
     if (flags_.window == SparseMoeFlags::Window::kAllLayers || sliding[size_t(l)])
       L.sliding_window = window;
 
-    L.moe = std::find(mlp_only.begin(), mlp_only.end(), l) == mlp_only.end() &&
-            (l + 1) % sparse_step == 0;
+    L.moe = moe[size_t(l)];
     const std::string m = p + flags_.moe_block;
     if (L.moe) {
       L.router = load_linear(ckpt, m + ".gate", num_experts_, H, dt, false, dev);

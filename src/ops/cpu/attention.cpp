@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/parallel_errors.hpp"
 #include "ops/cpu/attention_eager.hpp"
 #include "ops/cpu/attention_kernels.hpp"
 #include "ops/cpu/cpu_ops.hpp"
@@ -199,23 +200,28 @@ void attention_prefill(const AttentionKernels& kern, const Geometry& g, const St
   const int64_t tile_tokens = std::max<int64_t>(1, kTileRows / g.group);
   const int64_t tiles = (step.tokens + tile_tokens - 1) / tile_tokens;
   const int64_t items = step.batch * spec.kv_heads * tiles;
+  // Tiles grow their scratch vectors: an allocation failure must not leave the region.
+  ParallelErrors errors;
 #pragma omp parallel if (parallel)
   {
     Scratch sc;
-    sc.kt.resize(size_t(g.dk * kKeyBlock));
     Tile t;
+    errors.run([&] { sc.kt.resize(size_t(g.dk * kKeyBlock)); });
     // Dynamic: causal tiles differ in cost; which thread runs a tile does not change its result.
 #pragma omp for schedule(dynamic)
     for (int64_t it = 0; it < items; ++it) {
-      t.b = it / (spec.kv_heads * tiles);
-      t.g = it / tiles % spec.kv_heads;
-      // Late tokens first: they see the most keys.
-      t.t0 = (tiles - 1 - it % tiles) * tile_tokens;
-      t.t1 = std::min(step.tokens, t.t0 + tile_tokens);
-      fill_tile(t, g, step, spec, sinks);
-      run_tile(kern, g, t, act, sc);
+      errors.run([&] {
+        t.b = it / (spec.kv_heads * tiles);
+        t.g = it / tiles % spec.kv_heads;
+        // Late tokens first: they see the most keys.
+        t.t0 = (tiles - 1 - it % tiles) * tile_tokens;
+        t.t1 = std::min(step.tokens, t.t0 + tile_tokens);
+        fill_tile(t, g, step, spec, sinks);
+        run_tile(kern, g, t, act, sc);
+      });
     }
   }
+  errors.rethrow();
 }
 
 // Decode with few (sequence, kv head) pairs: every pair is one tile of all the step's tokens;
@@ -242,17 +248,22 @@ void attention_decode(const AttentionKernels& kern, const Geometry& g, const Ste
   std::vector<float> part(size_t(pairs * chunks * nr * g.dv));
   std::vector<double> denom(size_t(pairs * nr));
   // Each tile's scores live at s + pair * nr * stride with its own row stride t.s_stride().
+  // The scores pass grows per-thread vectors: an allocation failure must not leave the region.
+  ParallelErrors errors;
 #pragma omp parallel if (parallel)
   {
-    std::vector<float> kt(size_t(g.dk * kKeyBlock));
+    std::vector<float> kt;
     std::vector<const float*> qp;
+    errors.run([&] { kt.resize(size_t(g.dk * kKeyBlock)); });
 #pragma omp for schedule(dynamic)
     for (int64_t it = 0; it < pairs * span_chunks; ++it) {
       const Tile& t = tiles[size_t(it / span_chunks)];
       const int64_t k0 = t.kstart + it % span_chunks * kChunkKeys;
       if (k0 < t.kend)
-        tile_scores(kern, g, t, k0, std::min(t.kend, k0 + kChunkKeys), qp, kt.data(),
-                    s.data() + it / span_chunks * nr * stride);
+        errors.run([&] {
+          tile_scores(kern, g, t, k0, std::min(t.kend, k0 + kChunkKeys), qp, kt.data(),
+                      s.data() + it / span_chunks * nr * stride);
+        });
     }
 #pragma omp for schedule(static)
     for (int64_t it = 0; it < pairs * nr; ++it) {
@@ -280,6 +291,7 @@ void attention_decode(const AttentionKernels& kern, const Geometry& g, const Ste
       write_row(g, r, acc, denom[size_t(it)], act);
     }
   }
+  errors.rethrow();
 }
 
 }  // namespace

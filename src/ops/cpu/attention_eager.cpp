@@ -9,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/parallel_errors.hpp"
 #include "ops/cpu/attention_eager.hpp"
 #include "ops/cpu/cpu_ops.hpp"
 
@@ -32,12 +33,22 @@ Tensor attention_eager(const Tensor& q, const LayerKV& kv, const Step& step, con
   // Scores are rounded only where transformers' eager bf16 path holds a bf16 tensor.
   const DType sa = spec.eager_rounding ? act : DType::kF32;
   const int64_t work = step.rows() * spec.heads * (step.past + step.tokens) * (spec.head_dim_k + spec.head_dim_v);
+  // Scratch is allocated once per thread, at its largest (every cache column), so that nothing
+  // inside the loop can throw; a failed allocation is rethrown after the region.
+  ParallelErrors errors;
 #pragma omp parallel if (work >= kParallelWork)
   {
-    std::vector<float> scores, acc(static_cast<size_t>(spec.head_dim_v));
+    std::vector<float> scores, acc;
+    bool ready = false;
+    errors.run([&] {
+      scores.resize(size_t(step.past + step.tokens));
+      acc.resize(size_t(spec.head_dim_v));
+      ready = true;
+    });
 #pragma omp for collapse(2) schedule(static)
     for (int64_t r = 0; r < step.rows(); ++r) {
       for (int64_t h = 0; h < spec.heads; ++h) {
+        if (!ready) continue;
         // Visible keys are cache columns [first, col]: causal up to the query's own column, never
         // a left-padding column, and within the sliding window counted in columns (transformers
         // masks by cache position). A real query of a padded sequence thus sees exactly the keys,
@@ -55,7 +66,6 @@ Tensor attention_eager(const Tensor& q, const LayerKV& kv, const Step& step, con
           std::fill(o, o + spec.head_dim_v, 0.0f);
           continue;
         }
-        scores.resize(size_t(n));
         const float* qv = Q + r * qd + h * spec.head_dim_k;
         const float sink = has_sinks ? round_act(sinks[size_t(h)], sa) : -INFINITY;
         float mx = sink;
@@ -86,6 +96,7 @@ Tensor attention_eager(const Tensor& q, const LayerKV& kv, const Step& step, con
       }
     }
   }
+  errors.rethrow();
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/parallel_errors.hpp"
 #include "cpu/dense_linear.hpp"
 #include "ops/cpu/cpu_ops.hpp"
 
@@ -38,11 +39,19 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType a
   float* Y = y.data<float>();
   const float* B = bias.defined() ? bias.data<float>() : nullptr;
   constexpr int64_t kBlock = 16;  // weight rows converted together, reused for every token
+  // A failed scratch allocation is rethrown after the region (none may escape it).
+  ParallelErrors errors;
 #pragma omp parallel if (rows * in * out >= kParallelWork)
   {
-    std::vector<float> buf(weight.dtype() == DType::kF32 ? 0 : size_t(kBlock * in));
+    std::vector<float> buf;
+    bool ready = false;
+    errors.run([&] {
+      buf.resize(weight.dtype() == DType::kF32 ? 0 : size_t(kBlock * in));
+      ready = true;
+    });
 #pragma omp for schedule(static)
     for (int64_t j0 = 0; j0 < out; j0 += kBlock) {
+      if (!ready) continue;
       const int64_t nj = std::min(kBlock, out - j0);
       const float* W = float_row(weight, j0 * in, nj * in, buf.data());
       for (int64_t t = 0; t < rows; ++t) {
@@ -56,6 +65,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType a
       }
     }
   }
+  errors.rethrow();
   return y;
 }
 
@@ -68,12 +78,19 @@ Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_
   Tensor y = Tensor::empty({rows, G * b}, DType::kF32);
   const float* X = x.data<float>();
   float* Y = y.data<float>();
+  ParallelErrors errors;
 #pragma omp parallel if (rows * G * in * br >= kParallelWork)
   {
-    std::vector<float> buf(w.weight.dtype() == DType::kF32 ? 0 : size_t(br * in));
-    std::vector<float> acc(static_cast<size_t>(b));
+    std::vector<float> buf, acc;
+    bool ready = false;
+    errors.run([&] {
+      buf.resize(w.weight.dtype() == DType::kF32 ? 0 : size_t(br * in));
+      acc.resize(size_t(b));
+      ready = true;
+    });
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < G; ++g) {
+      if (!ready) continue;
       const float* W = float_row(w.weight, (g * w.group_rows + w.offset) * in, br * in, buf.data());
       for (int64_t t = 0; t < rows; ++t) {
         const float* xr = X + t * G * a + g * a;
@@ -92,6 +109,7 @@ Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_
       }
     }
   }
+  errors.rethrow();
   return y;
 }
 

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/parallel_errors.hpp"
 #include "ops/cpu/cpu_ops.hpp"
 
 namespace moex::ops {
@@ -23,11 +24,21 @@ void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const 
            RopeLayout layout, const Step& step, DType act) {
   const int64_t d = rope.rotary_dim, half = d / 2, width = x.size(1);
   float* p = x.data<float>();
+  // A failed scratch allocation is rethrown after the region (none may escape it).
+  ParallelErrors errors;
 #pragma omp parallel if (x.numel() * 8 >= kParallelWork)
   {
-    std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half)), tmp(static_cast<size_t>(d));
+    std::vector<float> c, s, tmp;
+    bool ready = false;
+    errors.run([&] {
+      c.resize(size_t(half));
+      s.resize(size_t(half));
+      tmp.resize(size_t(d));
+      ready = true;
+    });
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < step.rows(); ++r) {
+      if (!ready) continue;
       rope.cos_sin(step.position(r), act, c.data(), s.data());
       for (int64_t h = 0; h < heads; ++h) {
         float* v = p + r * width + h * head_stride + offset;
@@ -47,6 +58,7 @@ void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const 
       }
     }
   }
+  errors.rethrow();
 }
 
 }  // namespace cpu
