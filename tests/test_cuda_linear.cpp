@@ -1,6 +1,6 @@
 // ops::linear on CUDA against a float64 reference: the decode GEMV (1..8 rows, 16-bit weights)
 // and cuBLASLt (more rows, float32) on ugly shapes (K not a multiple of the GEMV's 256-element
-// chunk, outputs not a multiple of its 4-column blocks, one output column, a vocabulary-sized
+// chunk, outputs not a multiple of its column blocks, one output column, a vocabulary-sized
 // output), with and without bias.
 //
 // Bound: the result is the float32 sum of exact products, rounded once to act, so it lies within
