@@ -7,6 +7,12 @@
 // Each shape cycles over enough weight copies (>= 400 MB) that L2 holds none of them, and each
 // variant's output is checked against the split-K kernel moex uses (src/ops/cuda/linear_gemv.cu).
 // Times: a CUDA graph of 64 back-to-back launches (as in a replayed decode step), per launch.
+//
+// Measured (H200, 2026-12-01): a plain read of 8 / 25 / 46 MB reaches only 2.4 / 3.4 / 3.7 TB/s
+// per launch (the start and drain of a launch cost ~1.7 us), moex's split-K kernel comes within
+// 15-20 % of it, and two columns per block beat four by 7-14 % here; inside a decode step
+// (lab/cuda/decode_step_profile.sh, where the weights are prefetched before the PDL wait) two
+// columns were 7-9 % slower, so the library keeps four. The lever left is fewer, larger launches.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

@@ -23,7 +23,7 @@
 namespace moex::cuda {
 
 constexpr int kGemvWarps = 8;
-constexpr int kGemvColumns = 2;  // as linear_gemv.cu (lab/cuda/gemv_lab.cu: fewer rows per block stream faster)
+constexpr int kGemvColumns = 4;
 constexpr int kGemvChunk = 256;
 
 template <class T>

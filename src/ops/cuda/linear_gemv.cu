@@ -10,8 +10,9 @@
 // Shape of the work: a block of 8 warps owns kColumns output columns for every row; the warps
 // split K into 256-element chunks (32 lanes x 8 elements, one 16-byte load per lane per column),
 // so each block keeps kColumns x 4 KiB of weight loads in flight and even a 2048-column matrix
-// gives 1024 blocks (two columns per block measured 7-14 % faster than four or eight, and a plain
-// read of the same bytes only 4-13 % faster still: lab/cuda/gemv_lab.cu). x is read through the L1 (it is at most 8 rows). Partial sums are reduced
+// gives 512 blocks. Two columns per block measured 7-14 % faster alone (lab/cuda/gemv_lab.cu,
+// back-to-back launches of one kernel) but 7 % slower inside a decode step (ncu, weights
+// prefetched before the PDL wait: half the bytes in flight), so four stay. x is read through the L1 (it is at most 8 rows). Partial sums are reduced
 // in a fixed order (lanes by shuffle-xor, then warps 0..7 in order), the bias added in float32,
 // and the result rounded once to act: the ops contract of linear(), with an accumulation order
 // of its own (so its bits differ from cuBLASLt's, as cuBLASLt's differ between its kernels).
@@ -34,7 +35,7 @@ namespace moex::ops::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kColumns = 2;  // measured (lab/cuda/gemv_lab.cu): 7-14 % faster than 4 on the decode shapes
+constexpr int kColumns = 4;
 constexpr int kChunk = 256;  // K elements one warp reads per column per step
 
 __device__ __forceinline__ void widen8(const uint4& v, const __nv_bfloat16*, float* f) {
