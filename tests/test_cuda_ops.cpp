@@ -238,6 +238,28 @@ TEST(CudaOps, AddGatedSharedExpert) {
     }
 }
 
+// The MoE block's output joining the residual stream in the same launch: exactly add_gated_ then
+// add_ on the device (y and the residual bit for bit).
+TEST(CudaOps, AddGatedResidualIsAddGatedThenAdd) {
+  if (moex::test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 260;
+  for (DType act : kActs)
+    for (Size sz : {Size{1, 1}, Size{1, 2048}, Size{3, 17}, Size{67, 2880}}) {
+      const std::string what = name(act) + " " + std::to_string(sz.rows) + "x" + std::to_string(sz.width);
+      const size_t n = size_t(sz.rows * sz.width);
+      Tensor y = device(host(random_values(n, ++seed, act), {sz.rows, sz.width}), act);
+      Tensor h = device(host(random_values(n, ++seed, act), {sz.rows, sz.width}), act);
+      Tensor sh = device(host(random_values(n, ++seed, act), {sz.rows, sz.width}), act);
+      Tensor gl = device(host(random_values(size_t(sz.rows), ++seed, act, -8.0f, 8.0f), {sz.rows, 1}), act);
+      Tensor y2 = y.clone(), h2 = h.clone();
+      ops::add_gated_residual_(h, y, sh, gl, act);
+      ops::add_gated_(y2, sh, gl, act);
+      ops::add_(h2, y2, act);
+      expect_exact(values(y2), values(y), "add_gated_residual y " + what);
+      expect_exact(values(h2), values(h), "add_gated_residual residual " + what);
+    }
+}
+
 TEST(CudaOps, EmbeddingReadsTheStepIds) {
   if (moex::test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
   uint64_t seed = 300;

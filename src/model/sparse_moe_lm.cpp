@@ -119,20 +119,20 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
   finish_experts(experts_, flags_.experts_key, num_experts_, top_k_, options.experts_implementation);
 }
 
-Tensor SparseMoeLM::moe_forward(const Layer& L, const Tensor& x) const {
+void SparseMoeLM::moe_forward(const Layer& L, const Tensor& x, Tensor& h) const {
   const DType a = act();
   const DType routing_dtype = flags_.round_routing_weights ? a : DType::kF32;
   if (!flags_.shared_expert) {
     Routing r = ops::softmax_topk(linear(x, L.router, a), top_k_, norm_topk_prob_, routing_dtype);
-    return run_experts(*L.experts, experts_backend(flags_.experts_key), x, r, a);
+    ops::add_(h, run_experts(*L.experts, experts_backend(flags_.experts_key), x, r, a), a);
+    return;
   }
   // The router and the shared expert's gate, up and gating column all read x: one launch for
   // decode-sized x on a device.
   std::vector<Tensor> p = linears(x, {&L.router, &L.shared.gate, &L.shared.up, &L.shared_gate}, a);
   Routing r = ops::softmax_topk(p[0], top_k_, norm_topk_prob_, routing_dtype);
   Tensor y = run_experts(*L.experts, experts_backend(flags_.experts_key), x, r, a);
-  ops::add_gated_(y, gated_mlp_rest(p[1], p[2], L.shared, a), p[3], a);
-  return y;
+  ops::add_gated_residual_(h, y, gated_mlp_rest(p[1], p[2], L.shared, a), p[3], a);
 }
 
 void SparseMoeLM::layer_forward(int64_t layer, Tensor& h, const Step& step, LayerKV& kv) {
@@ -156,7 +156,8 @@ void SparseMoeLM::layer_forward(int64_t layer, Tensor& h, const Step& step, Laye
   AttentionSpec spec = attn_;
   spec.sliding_window = L.sliding_window;
   x = ops::add_rms_norm(h, linear(attend(q, k, v, kv, step, spec, a), L.o, a), L.post_norm, eps, a);
-  ops::add_(h, L.moe ? moe_forward(L, x) : gated_mlp(x, L.dense, a), a);
+  if (L.moe) moe_forward(L, x, h);
+  else ops::add_(h, gated_mlp(x, L.dense, a), a);
 }
 
 }  // namespace moex::model

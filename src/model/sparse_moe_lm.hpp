@@ -60,7 +60,8 @@ class SparseMoeLM final : public DecoderLM {
     GatedMlp shared;             // qwen2_moe shared expert
     Linear shared_gate;          // [1, H]
   };
-  Tensor moe_forward(const Layer& L, const Tensor& x) const;
+  // The MoE block on x, added to the residual stream h.
+  void moe_forward(const Layer& L, const Tensor& x, Tensor& h) const;
 
   SparseMoeFlags flags_;
   Rope rope_;

@@ -67,6 +67,15 @@ void gated_activation_(Tensor& gate, const Tensor& up, Activation act_fn, DType 
 void add_gated_(Tensor& y, const Tensor& shared, const Tensor& gate_logit, DType act) {
   dispatch("add_gated", y.device(), [&] { cpu::add_gated_(y, shared, gate_logit, act); }, MOEX_OPS_DEVICE(add_gated_(y, shared, gate_logit, act)));
 }
+void add_gated_residual_(Tensor& residual, Tensor& y, const Tensor& shared, const Tensor& gate_logit, DType act) {
+  dispatch(
+      "add_gated", y.device(),
+      [&] {
+        cpu::add_gated_(y, shared, gate_logit, act);
+        cpu::add_(residual, y, act);
+      },
+      MOEX_OPS_DEVICE(add_gated_residual_(residual, y, shared, gate_logit, act)));
+}
 Tensor embedding(const Tensor& table, const Step& step, DType act) {
   return dispatch("embedding", table.device(), [&] { return cpu::embedding(table, step, act); },
                   MOEX_OPS_DEVICE(embedding(table, step, act)));

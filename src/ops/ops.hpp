@@ -131,6 +131,8 @@ void gated_activation_(Tensor& gate, const Tensor& up, Activation act_fn, DType 
 // qwen2_moe's shared expert: y = round(y + round(round(sigmoid(gate_logit)) * shared)),
 // gate_logit [rows, 1], y and shared [rows, H].
 void add_gated_(Tensor& y, const Tensor& shared, const Tensor& gate_logit, DType act);
+// add_gated_(y, ...) and then add_(residual, y, act): exactly those two ops (one launch on a device).
+void add_gated_residual_(Tensor& residual, Tensor& y, const Tensor& shared, const Tensor& gate_logit, DType act);
 
 // Rows step.ids of table [V, H] (any float dtype) -> [step.rows(), H] on the table's device,
 // rounded to act. (Ids were validated by the model.)

@@ -39,6 +39,7 @@ void add_(Tensor& a, const Tensor& b, DType act);
 void clamp_(Tensor& x, float limit);
 void gated_activation_(Tensor& gate, const Tensor& up, Activation act_fn, DType act);
 void add_gated_(Tensor& y, const Tensor& shared, const Tensor& gate_logit, DType act);
+void add_gated_residual_(Tensor& residual, Tensor& y, const Tensor& shared, const Tensor& gate_logit, DType act);
 Tensor embedding(const Tensor& table, const Step& step, DType act);
 Tensor slice_columns(const Tensor& x, int64_t groups, int64_t begin, int64_t width);
 Tensor concat_columns(const Tensor& a, const Tensor& b, int64_t groups, bool b_shared);

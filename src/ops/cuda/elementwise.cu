@@ -78,13 +78,17 @@ __global__ void gated_activation_kernel(T* __restrict__ gate, const void* __rest
 }
 
 template <class T>
+// With `residual`: also residual += y (rounded), the MoE block's output joining the residual stream.
+template <class T>
 __global__ void add_gated_kernel(T* __restrict__ y, const void* __restrict__ shared, int shared_code,
                                  const void* __restrict__ gate_logit, int gate_code, int64_t n,
-                                 int64_t h, int act) {
+                                 int64_t h, int act, T* __restrict__ residual) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float g = round_to(sigmoid_f(load_float(gate_logit, gate_code, i / h)), act);
     const float s = round_to(__fmul_rn(g, load_float(shared, shared_code, i)), act);
-    y[i] = from_float<T>(round_to(__fadd_rn(to_float(y[i]), s), act));
+    const float v = round_to(__fadd_rn(to_float(y[i]), s), act);
+    y[i] = from_float<T>(v);
+    if (residual) residual[i] = from_float<T>(round_to(__fadd_rn(to_float(residual[i]), v), act));
   }
 }
 
@@ -206,7 +210,8 @@ void gated_activation_(Tensor& gate, const Tensor& up, Activation act_fn, DType 
   MOEX_CUDA_CHECK_LAUNCH(gated_activation_kernel);
 }
 
-void add_gated_(Tensor& y, const Tensor& shared, const Tensor& gate_logit, DType act) {
+namespace {
+void launch_add_gated(Tensor& y, const Tensor& shared, const Tensor& gate_logit, DType act, Tensor* residual) {
   const int64_t n = y.numel(), h = y.size(1);
   if (n == 0) return;
   const int act_code = float_code(act, "add_gated");
@@ -215,9 +220,24 @@ void add_gated_(Tensor& y, const Tensor& shared, const Tensor& gate_logit, DType
   with_float_type(y.dtype(), "add_gated", [&](auto t) {
     using T = decltype(t);
     add_gated_kernel<T><<<grid_for(n), kThreads, 0, stream()>>>(y.data<T>(), shared.raw(), s_code,
-                                                                gate_logit.raw(), g_code, n, h, act_code);
+                                                                gate_logit.raw(), g_code, n, h, act_code,
+                                                                residual ? residual->data<T>() : nullptr);
   });
   MOEX_CUDA_CHECK_LAUNCH(add_gated_kernel);
+}
+}  // namespace
+
+void add_gated_(Tensor& y, const Tensor& shared, const Tensor& gate_logit, DType act) {
+  launch_add_gated(y, shared, gate_logit, act, nullptr);
+}
+
+void add_gated_residual_(Tensor& residual, Tensor& y, const Tensor& shared, const Tensor& gate_logit, DType act) {
+  if (residual.dtype() != y.dtype() || residual.numel() != y.numel()) {
+    launch_add_gated(y, shared, gate_logit, act, nullptr);
+    cuda::add_(residual, y, act);
+    return;
+  }
+  launch_add_gated(y, shared, gate_logit, act, &residual);
 }
 
 Tensor embedding(const Tensor& table, const Step& step, DType act) {
