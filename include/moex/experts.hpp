@@ -127,7 +127,7 @@ ExpertsWeights fuse_experts_weights(const ExpertsSpec& spec, const ExpertsWeight
 // of hidden's dtype, allocated by the caller and fully written by the backend.
 struct ExpertsProblem {
   const ExpertsSpec* spec = nullptr;
-  const ExpertsWeights* weights = nullptr;
+  const ExpertsWeights* weights = nullptr;  // fused unless the backend reads_per_expert
   const struct PreparedExperts* prepared = nullptr;  // from this backend's prepare(), may be null
   Tensor hidden;
   Tensor top_k_index;
