@@ -76,6 +76,25 @@ struct ExpertsSpec {
   std::string str() const;      // one line for error messages and logs
 };
 
+// The hub's own layout of plain gated experts: one tensor per expert and projection, typically
+// views into a checkpoint's memory map. Why it exists: fusing them into gate_up / down copies
+// every expert weight into anonymous memory, and a backend that packs the weights (the CPU
+// grouped_mm) then holds a second copy; packing straight from these views keeps one copy in
+// memory (the packed one; the mapped pages are given back after packing).
+struct PerExpertWeights {
+  std::vector<Tensor> gate;  // E tensors [I, H]: rows 0 .. I-1 of gate_up[e]
+  std::vector<Tensor> up;    // E tensors [I, H]: rows I .. 2I-1 of gate_up[e]
+  std::vector<Tensor> down;  // E tensors [H, I]: down[e]
+};
+
+// The weights of E experts, in one of two forms:
+// - fused: gate_up / down (every backend reads these);
+// - per expert: `per_expert` set and gate_up / down undefined, for specs that are gated,
+//   concatenated, not transposed, without biases and not quantized (the hub's per-expert
+//   checkpoints). Only backends whose caps() say reads_per_expert receive this form; an Experts
+//   module hands every other backend fused tensors, built from the per-expert ones once, at that
+//   backend's first use (fuse_experts_weights).
+// Both may be set (then they hold the same values).
 struct ExpertsWeights {
   Tensor gate_up;       // [E, R, H] or transposed [E, H, R], R = spec.gate_up_rows()
   Tensor down;          // [E, H, I] or transposed [E, I, H]
@@ -83,10 +102,24 @@ struct ExpertsWeights {
   Tensor down_bias;     // [E, H] when spec.has_bias
   Tensor gate_up_scale; // quantized only: block scales
   Tensor down_scale;
+  std::shared_ptr<const PerExpertWeights> per_expert;  // shared: copies of the weights share it
+
+  bool fused() const { return gate_up.defined(); }
+  // Of gate_up, or of the per-expert tensors when not fused (kF32 / cpu when neither is set).
+  DType dtype() const;
+  Device device() const;
+  // Bytes of every tensor held (both forms when both are set).
+  int64_t nbytes() const;
 };
 
-// Throws InvalidInput naming the tensor, expected and actual shape / dtype / device.
+// Throws InvalidInput naming the tensor, expected and actual shape / dtype / device; for the
+// per-expert form also when the spec is not one it can hold, or a tensor is missing.
 void validate_experts_weights(const ExpertsSpec& spec, const ExpertsWeights& w);
+
+// The fused form of `w`: `w` itself when fused, else gate_up [E, 2I, H] = [gate_e; up_e] and
+// down [E, H, I] copied from the per-expert tensors into new memory on their device (the result
+// also keeps `per_expert`). Expects validated weights.
+ExpertsWeights fuse_experts_weights(const ExpertsSpec& spec, const ExpertsWeights& w);
 
 // What a backend computes on, after validation: hidden is contiguous [T, H]; top_k_index is
 // contiguous int32 or int64 [T, k] with ids in [0, inf) (>= E are sentinels); top_k_weights is
@@ -94,7 +127,7 @@ void validate_experts_weights(const ExpertsSpec& spec, const ExpertsWeights& w);
 // of hidden's dtype, allocated by the caller and fully written by the backend.
 struct ExpertsProblem {
   const ExpertsSpec* spec = nullptr;
-  const ExpertsWeights* weights = nullptr;
+  const ExpertsWeights* weights = nullptr;  // fused unless the backend reads_per_expert
   const struct PreparedExperts* prepared = nullptr;  // from this backend's prepare(), may be null
   Tensor hidden;
   Tensor top_k_index;
@@ -114,6 +147,10 @@ struct BackendCaps {
   std::vector<DType> dtypes;        // activation/weight dtypes it accepts
   bool graph_capturable = false;    // may be recorded into a CUDA graph (no host sync, no alloc)
   bool quantized_weights = false;   // accepts spec.quant.quantized()
+  // prepare() and forward() accept weights in the per-expert form (ExpertsWeights: gate_up and
+  // down then undefined). Otherwise an Experts module fuses per-expert weights for this backend
+  // at its first use.
+  bool reads_per_expert = false;
   std::string description;          // one line for `moex backends`
 };
 
@@ -177,11 +214,22 @@ Tensor experts_forward(std::string_view backend, const ExpertsSpec& spec,
 
 // An experts module of a model: spec + weights + a per-backend cache of prepared state. The
 // backend is chosen per call, so a model can switch backends at run time without reloading.
+// Weights held in the per-expert form are given as they are to backends that read it
+// (reads_per_expert) and fused, once, for the first backend that does not; the fused copy is
+// then shared by every such backend and by weights(). Thread-safe: calls may come from several
+// threads; preparation and fusing happen once.
 class Experts {
  public:
   Experts(ExpertsSpec spec, ExpertsWeights weights);  // validates
   const ExpertsSpec& spec() const { return spec_; }
-  const ExpertsWeights& weights() const { return weights_; }
+  // The fused weights (gate_up / down always defined). For weights held per expert this makes
+  // the fused copy on the first call (the cost of a second copy of every expert weight): code
+  // that only needs the dtype, the device or the size uses stored_weights() or the accessors.
+  const ExpertsWeights& weights() const;
+  // The weights as held: fused, per expert, or both.
+  const ExpertsWeights& stored_weights() const { return weights_; }
+  DType dtype() const { return weights_.dtype(); }
+  Device device() const { return weights_.device(); }
   // Allocates the output on hidden's device and runs on that device's default context.
   Tensor forward(std::string_view backend, const Tensor& hidden, const Tensor& top_k_index,
                  const Tensor& top_k_weights) const;

@@ -1,6 +1,7 @@
 // Experts spec helpers, boundary validation, the model-independent call and the Experts module.
 #include "moex/experts.hpp"
 
+#include <cstring>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -49,21 +50,71 @@ std::string ExpertsSpec::str() const {
   return o.str();
 }
 
-static void expect_tensor(const Tensor& t, const char* name, const Shape& shape, DType dtype,
+static void expect_tensor(const Tensor& t, const std::string& name, const Shape& shape, DType dtype,
                           Device device) {
-  if (!t.defined()) throw InvalidInput(std::string("experts weight '") + name + "' is missing");
+  if (!t.defined()) throw InvalidInput("experts weight '" + name + "' is missing");
   if (t.shape() != shape)
-    throw InvalidInput(std::string("experts weight '") + name + "' has shape " +
-                       shape_str(t.shape()) + ", expected " + shape_str(shape));
+    throw InvalidInput("experts weight '" + name + "' has shape " + shape_str(t.shape()) +
+                       ", expected " + shape_str(shape));
   if (t.dtype() != dtype)
-    throw InvalidInput(std::string("experts weight '") + name + "' has dtype " +
+    throw InvalidInput("experts weight '" + name + "' has dtype " +
                        std::string(dtype_name(t.dtype())) + ", expected " +
                        std::string(dtype_name(dtype)));
   if (t.device() != device)
-    throw InvalidInput(std::string("experts weight '") + name + "' is on " + t.device().str() +
-                       ", gate_up is on " + device.str());
+    throw InvalidInput("experts weight '" + name + "' is on " + t.device().str() +
+                       ", the other experts weights are on " + device.str());
   if (!t.is_contiguous())
-    throw InvalidInput(std::string("experts weight '") + name + "' must be contiguous");
+    throw InvalidInput("experts weight '" + name + "' must be contiguous");
+}
+
+DType ExpertsWeights::dtype() const {
+  if (gate_up.defined()) return gate_up.dtype();
+  if (per_expert && !per_expert->gate.empty()) return per_expert->gate[0].dtype();
+  return DType::kF32;
+}
+
+Device ExpertsWeights::device() const {
+  if (gate_up.defined()) return gate_up.device();
+  if (per_expert && !per_expert->gate.empty()) return per_expert->gate[0].device();
+  return Device::cpu();
+}
+
+int64_t ExpertsWeights::nbytes() const {
+  int64_t n = 0;
+  for (const Tensor* t : {&gate_up, &down, &gate_up_bias, &down_bias, &gate_up_scale, &down_scale})
+    if (t->defined()) n += int64_t(t->nbytes());
+  if (per_expert)
+    for (const auto* v : {&per_expert->gate, &per_expert->up, &per_expert->down})
+      for (const Tensor& t : *v)
+        if (t.defined()) n += int64_t(t.nbytes());
+  return n;
+}
+
+static void validate_per_expert(const ExpertsSpec& s, const PerExpertWeights& pe, DType dt,
+                                Device dev) {
+  if (!s.has_gate || !s.is_concatenated || s.is_transposed || s.has_bias)
+    throw InvalidInput("per-expert weights hold gated, concatenated, untransposed experts "
+                       "without biases, not " + s.str());
+  if (!dev.host_accessible())
+    throw InvalidInput("per-expert weights are held on the host, not on " + dev.str());
+  const size_t E = size_t(s.num_experts);
+  if (pe.gate.size() != E || pe.up.size() != E || pe.down.size() != E)
+    throw InvalidInput("per-expert weights need " + std::to_string(E) +
+                       " gate, up and down tensors, got " + std::to_string(pe.gate.size()) + ", " +
+                       std::to_string(pe.up.size()) + " and " + std::to_string(pe.down.size()));
+  const int64_t H = s.hidden, I = s.intermediate;
+  for (size_t e = 0; e < E; ++e) {
+    const std::string i = "[" + std::to_string(e) + "]";
+    expect_tensor(pe.gate[e], "gate_proj" + i, {I, H}, dt, dev);
+    expect_tensor(pe.up[e], "up_proj" + i, {I, H}, dt, dev);
+    expect_tensor(pe.down[e], "down_proj" + i, {H, I}, dt, dev);
+  }
+}
+
+static void expect_float_dtype(DType dt) {
+  if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16)
+    throw InvalidInput("experts weights must be float32, bfloat16 or float16, got " +
+                       std::string(dtype_name(dt)));
 }
 
 void validate_experts_weights(const ExpertsSpec& s, const ExpertsWeights& w) {
@@ -71,12 +122,20 @@ void validate_experts_weights(const ExpertsSpec& s, const ExpertsWeights& w) {
     throw InvalidInput("experts spec needs positive sizes, got " + s.str());
   if (s.quant.quantized())
     throw Unsupported("quantized expert weights (FP8/FP4) are not supported by this build yet");
-  if (!w.gate_up.defined()) throw InvalidInput("experts weight 'gate_up_proj' is missing");
-  DType dt = w.gate_up.dtype();
-  if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16)
-    throw InvalidInput("experts weights must be float32, bfloat16 or float16, got " +
-                       std::string(dtype_name(dt)));
-  Device dev = w.gate_up.device();
+  if (!w.gate_up.defined() && !w.per_expert)
+    throw InvalidInput("experts weight 'gate_up_proj' is missing");
+  const DType dt = w.dtype();
+  const Device dev = w.device();
+  if (w.per_expert) {
+    if (w.per_expert->gate.empty()) throw InvalidInput("experts weight 'gate_proj[0]' is missing");
+    expect_float_dtype(w.per_expert->gate[0].dtype());
+    validate_per_expert(s, *w.per_expert, dt, dev);
+  }
+  if (!w.gate_up.defined()) {
+    if (w.down.defined()) throw InvalidInput("experts weight 'gate_up_proj' is missing");
+    return;
+  }
+  expect_float_dtype(dt);
   expect_tensor(w.gate_up, "gate_up_proj", s.gate_up_shape(), dt, dev);
   expect_tensor(w.down, "down_proj", s.down_shape(), dt, dev);
   if (s.has_bias) {
@@ -85,6 +144,24 @@ void validate_experts_weights(const ExpertsSpec& s, const ExpertsWeights& w) {
   } else if (w.gate_up_bias.defined() || w.down_bias.defined()) {
     throw InvalidInput("experts biases given but the spec says has_bias=false");
   }
+}
+
+ExpertsWeights fuse_experts_weights(const ExpertsSpec& s, const ExpertsWeights& w) {
+  if (w.fused()) return w;
+  const PerExpertWeights& pe = *w.per_expert;
+  const int64_t E = s.num_experts, H = s.hidden, I = s.intermediate;
+  ExpertsWeights f = w;
+  f.gate_up = Tensor::empty({E, 2 * I, H}, w.dtype(), w.device());
+  f.down = Tensor::empty({E, H, I}, w.dtype(), w.device());
+  const size_t es = dtype_size(w.dtype()), block = size_t(I * H) * es;
+  char* gu = static_cast<char*>(f.gate_up.raw());
+  char* dn = static_cast<char*>(f.down.raw());
+  for (int64_t e = 0; e < E; ++e) {
+    std::memcpy(gu + size_t(2 * e) * block, pe.gate[size_t(e)].raw(), block);
+    std::memcpy(gu + size_t(2 * e + 1) * block, pe.up[size_t(e)].raw(), block);
+    std::memcpy(dn + size_t(e) * block, pe.down[size_t(e)].raw(), block);
+  }
+  return f;
 }
 
 std::string ExpertsBackend::unsupported_reason(const ExpertsSpec& spec, DType dtype,
@@ -118,11 +195,10 @@ ExpertsProblem make_problem(const ExpertsBackend& b, std::string_view name, cons
     throw InvalidInput("hidden must be [T, " + std::to_string(spec.hidden) + "], got " +
                        (hidden.defined() ? shape_str(hidden.shape()) : std::string("nothing")));
   int64_t T = hidden.size(0);
-  if (hidden.dtype() != weights.gate_up.dtype())
+  if (hidden.dtype() != weights.dtype())
     throw InvalidInput("hidden is " + std::string(dtype_name(hidden.dtype())) +
-                       " but the expert weights are " +
-                       std::string(dtype_name(weights.gate_up.dtype())));
-  Device dev = weights.gate_up.device();
+                       " but the expert weights are " + std::string(dtype_name(weights.dtype())));
+  Device dev = weights.device();
   if (!idx.defined() || idx.dim() != 2 || idx.size(0) != T)
     throw InvalidInput("top_k_index must be [" + std::to_string(T) + ", k], got " +
                        (idx.defined() ? shape_str(idx.shape()) : std::string("nothing")));
@@ -174,13 +250,32 @@ ExpertsProblem make_problem(const ExpertsBackend& b, std::string_view name, cons
 
 }  // namespace
 
+namespace {
+
+// Whether the implementation of `name` that serves `device` takes the per-expert form.
+bool reads_per_expert(std::string_view name, Device device) {
+  for (const auto& impl : experts_backend_implementations(name)) {
+    const BackendCaps c = impl->caps();
+    for (DeviceKind k : c.devices)
+      if (k == device.kind) return c.reads_per_expert;
+  }
+  return false;
+}
+
+}  // namespace
+
 Tensor experts_forward(std::string_view backend, const ExpertsSpec& spec,
                        const ExpertsWeights& weights, const Tensor& hidden,
                        const Tensor& top_k_index, const Tensor& top_k_weights) {
   validate_experts_weights(spec, weights);
   auto b = get_experts_backend(backend);
   ExpertsProblem p = make_problem(*b, backend, spec, weights, hidden, top_k_index, top_k_weights);
-  auto prepared = b->prepare(spec, weights);
+  // A one-off call: a backend that needs the fused form gets a temporary fused copy.
+  const ExpertsWeights given = weights.fused() || reads_per_expert(backend, weights.device())
+                                   ? weights
+                                   : fuse_experts_weights(spec, weights);
+  p.weights = &given;
+  auto prepared = b->prepare(spec, given);
   p.prepared = prepared.get();
   Tensor out = Tensor::empty({p.tokens(), spec.hidden}, hidden.dtype(), hidden.device());
   b->forward(p, out, ExecContext::on(hidden.device()));
@@ -189,10 +284,17 @@ Tensor experts_forward(std::string_view backend, const ExpertsSpec& spec,
 
 struct PreparedCache {
   std::mutex mu;
+  struct Entry {
+    std::shared_ptr<const ExpertsBackend> backend;
+    std::shared_ptr<PreparedExperts> prepared;
+    // The fused copy when this backend needs it, else null: the module's stored weights (not a
+    // pointer to them: modules sharing this cache may move or die).
+    const ExpertsWeights* fused;
+  };
   // Keyed by backend instance: re-registering a name gives a new instance and a fresh prepare.
-  std::unordered_map<const ExpertsBackend*,
-                     std::pair<std::shared_ptr<const ExpertsBackend>, std::shared_ptr<PreparedExperts>>>
-      entries;
+  std::unordered_map<const ExpertsBackend*, Entry> entries;
+  // The fused form of per-expert weights, made at the first need and never changed after.
+  std::unique_ptr<const ExpertsWeights> fused;
 };
 
 Experts::Experts(ExpertsSpec spec, ExpertsWeights weights)
@@ -202,35 +304,53 @@ Experts::Experts(ExpertsSpec spec, ExpertsWeights weights)
 }
 
 namespace {
-std::shared_ptr<PreparedExperts> cached_prepare(PreparedCache& cache,
-                                                const std::shared_ptr<const ExpertsBackend>& b,
-                                                const ExpertsSpec& spec,
-                                                const ExpertsWeights& weights) {
+
+// With cache.mu held.
+const ExpertsWeights& fused_locked(PreparedCache& cache, const ExpertsSpec& spec,
+                                   const ExpertsWeights& stored) {
+  if (stored.fused()) return stored;
+  if (!cache.fused)
+    cache.fused = std::make_unique<const ExpertsWeights>(fuse_experts_weights(spec, stored));
+  return *cache.fused;
+}
+
+const PreparedCache::Entry& cached_prepare(PreparedCache& cache, std::string_view name,
+                                           const std::shared_ptr<const ExpertsBackend>& b,
+                                           const ExpertsSpec& spec, const ExpertsWeights& stored) {
   std::lock_guard<std::mutex> lock(cache.mu);
   auto it = cache.entries.find(b.get());
-  if (it == cache.entries.end())
-    it = cache.entries
-             .emplace(b.get(), std::make_pair(b, std::shared_ptr<PreparedExperts>(
-                                                      b->prepare(spec, weights))))
-             .first;
-  return it->second.second;
+  if (it == cache.entries.end()) {
+    const ExpertsWeights* fused = stored.fused() || reads_per_expert(name, stored.device())
+                                      ? nullptr
+                                      : &fused_locked(cache, spec, stored);
+    std::shared_ptr<PreparedExperts> prepared(b->prepare(spec, fused ? *fused : stored));
+    it = cache.entries.emplace(b.get(), PreparedCache::Entry{b, std::move(prepared), fused}).first;
+  }
+  return it->second;  // entries are never erased: the reference stays valid
 }
+
 }  // namespace
+
+const ExpertsWeights& Experts::weights() const {
+  if (weights_.fused()) return weights_;
+  std::lock_guard<std::mutex> lock(cache_->mu);
+  return fused_locked(*cache_, spec_, weights_);
+}
 
 void Experts::prepare(std::string_view backend) const {
   auto b = get_experts_backend(backend);
-  const Device dev = weights_.gate_up.device();
-  if (std::string why = b->unsupported_reason(spec_, weights_.gate_up.dtype(), dev); !why.empty())
+  const Device dev = weights_.device();
+  if (std::string why = b->unsupported_reason(spec_, weights_.dtype(), dev); !why.empty())
     throw Unsupported("experts backend '" + std::string(backend) + "' cannot prepare " +
                       spec_.str() + ": it " + why);
-  (void)cached_prepare(*cache_, b, spec_, weights_);
+  (void)cached_prepare(*cache_, backend, b, spec_, weights_);
 }
 
 Tensor Experts::forward(std::string_view backend, const Tensor& hidden, const Tensor& idx,
                         const Tensor& tw) const {
   Tensor out = Tensor::empty({hidden.defined() && hidden.dim() == 2 ? hidden.size(0) : 0, spec_.hidden},
-                             hidden.defined() ? hidden.dtype() : weights_.gate_up.dtype(),
-                             hidden.defined() ? hidden.device() : weights_.gate_up.device());
+                             hidden.defined() ? hidden.dtype() : weights_.dtype(),
+                             hidden.defined() ? hidden.device() : weights_.device());
   forward(backend, hidden, idx, tw, out, ExecContext::on(out.device()));
   return out;
 }
@@ -248,8 +368,9 @@ void Experts::forward(std::string_view backend, const Tensor& hidden, const Tens
   if (ctx.device != hidden.device())
     throw InvalidInput("execution context is on " + ctx.device.str() + " but the experts inputs are on " +
                        hidden.device().str());
-  std::shared_ptr<PreparedExperts> prepared = cached_prepare(*cache_, b, spec_, weights_);
-  p.prepared = prepared.get();
+  const PreparedCache::Entry& entry = cached_prepare(*cache_, backend, b, spec_, weights_);
+  if (entry.fused) p.weights = entry.fused;
+  p.prepared = entry.prepared.get();
   b->forward(p, out, ctx.resolved());
 }
 

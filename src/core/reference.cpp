@@ -78,8 +78,15 @@ Tensor experts_reference_f64(const ExpertsSpec& s, const ExpertsWeights& w, cons
     auto it = cache.find(e);
     if (it != cache.end()) return it->second;
     ExpertF32 ex;
-    ex.gu = host(w.gate_up.select(0, e)).to_float_vector();
-    ex.dn = host(w.down.select(0, e)).to_float_vector();
+    if (w.fused()) {
+      ex.gu = host(w.gate_up.select(0, e)).to_float_vector();
+      ex.dn = host(w.down.select(0, e)).to_float_vector();
+    } else {  // per expert: gate_up[e] = [gate_e; up_e]
+      ex.gu = w.per_expert->gate[size_t(e)].to_float_vector();
+      const std::vector<float> up = w.per_expert->up[size_t(e)].to_float_vector();
+      ex.gu.insert(ex.gu.end(), up.begin(), up.end());
+      ex.dn = w.per_expert->down[size_t(e)].to_float_vector();
+    }
     if (s.has_bias) {
       ex.gub = host(w.gate_up_bias.select(0, e)).to_float_vector();
       ex.dnb = host(w.down_bias.select(0, e)).to_float_vector();

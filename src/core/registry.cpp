@@ -32,6 +32,9 @@ class DeviceDispatch final : public ExpertsBackend {
       for (auto t : ic.dtypes)
         if (std::find(c.dtypes.begin(), c.dtypes.end(), t) == c.dtypes.end()) c.dtypes.push_back(t);
       c.quantized_weights |= ic.quantized_weights;
+      // Only when every device's implementation does (Experts asks the implementation for the
+      // weights' device itself).
+      c.reads_per_expert = (&i == &impls_.front() || c.reads_per_expert) && ic.reads_per_expert;
       // Capturable where some device's implementation is (host code has no graph to be in).
       c.graph_capturable |= ic.graph_capturable;
       if (c.description.empty()) c.description = ic.description;
@@ -45,7 +48,7 @@ class DeviceDispatch final : public ExpertsBackend {
   }
   std::unique_ptr<PreparedExperts> prepare(const ExpertsSpec& spec,
                                            const ExpertsWeights& weights) const override {
-    return impl(weights.gate_up.device()).prepare(spec, weights);
+    return impl(weights.device()).prepare(spec, weights);
   }
   void forward(const ExpertsProblem& p, Tensor& out, const ExecContext& ctx) const override {
     impl(p.hidden.device()).forward(p, out, ctx);

@@ -1,13 +1,11 @@
-// CPU engine: feature detection, the one runtime-to-kernel dispatch table, and weight packing.
+// CPU engine: feature detection and the one runtime-to-kernel dispatch table (weight packing:
+// engine_pack.cpp).
 #include "cpu/engine.hpp"
 
 #include <cpuid.h>
 
-#include <cstring>
-#include <new>
 #include <string>
 
-#include "cpu/big_alloc.hpp"
 #include "moex/error.hpp"
 
 namespace moex::cpu {
@@ -138,108 +136,6 @@ std::string cpu_engine_unsupported_reason(const ExpertsSpec& spec, DType act, DT
            std::string(dtype_name(weight));
   if (act != weight) return "the CPU engine needs hidden and weights of one dtype";
   return {};
-}
-
-namespace {
-
-int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
-
-std::shared_ptr<void> aligned_zeroed(size_t bytes) {
-  void* p = big_alloc(bytes);
-  std::memset(p, 0, bytes);
-  return std::shared_ptr<void>(p, [bytes](void* q) { big_free(q, bytes); });
-}
-
-// One logical weight matrix of an expert: value(n, c) for n < N rows (output columns of y) and
-// c < K; `row_of(packed column)` maps packed columns to logical rows (-1: zero padding).
-struct Source {
-  const char* base;
-  size_t elem;
-  int64_t sn, sk;  // element strides of row n and column c for expert 0
-  int64_t se;      // element stride between experts
-};
-
-template <class T, class RowOf>
-void pack_one(const Source& src, int64_t e, int64_t K, const PackedMatrices& pm, RowOf row_of) {
-  const T* w = reinterpret_cast<const T*>(src.base) + e * src.se;
-  T* dst = static_cast<T*>(pm.data.get()) + e * pm.expert_stride;
-  const bool pairs = pm.dtype == DType::kBF16;
-  for (int64_t col = 0; col < pm.n_pad; ++col) {
-    const int64_t n = row_of(col);
-    if (n < 0) continue;  // padding stays zero
-    T* panel = dst + (col / kernels::kPanelCols) * pm.panel_stride;
-    const int64_t lane = col % kernels::kPanelCols;
-    for (int64_t c = 0; c < K; ++c) {
-      const T v = w[n * src.sn + c * src.sk];
-      // pair layout [K/2][16][2]; panel layout [K][16]
-      const int64_t at = pairs ? (c / 2) * 2 * kernels::kPanelCols + lane * 2 + (c & 1)
-                               : c * kernels::kPanelCols + lane;
-      panel[at] = v;
-    }
-  }
-}
-
-template <class RowOf>
-PackedMatrices pack_all(const Tensor& t, int64_t E, int64_t N, int64_t K, int64_t n_pad,
-                        bool transposed, RowOf row_of) {
-  PackedMatrices pm;
-  pm.dtype = t.dtype();
-  pm.experts = E;
-  pm.n_pad = n_pad;
-  pm.k_pad = pm.dtype == DType::kBF16 ? round_up(K, kernels::kBf16KMultiple) : K;
-  pm.panel_stride = pm.k_pad * kernels::kPanelCols;
-  pm.expert_stride = pm.n_pad * pm.k_pad;
-  pm.data = aligned_zeroed(pm.bytes());
-  Source src{static_cast<const char*>(t.raw()), dtype_size(t.dtype()), transposed ? 1 : K,
-             transposed ? N : 1, N * K};
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t e = 0; e < E; ++e) {
-    if (pm.dtype == DType::kBF16) pack_one<uint16_t>(src, e, K, pm, row_of);
-    else pack_one<float>(src, e, K, pm, row_of);
-  }
-  return pm;
-}
-
-}  // namespace
-
-std::unique_ptr<PreparedCpuExperts> prepare_cpu_experts(const ExpertsSpec& s,
-                                                        const ExpertsWeights& w, KernelPath path) {
-  const DType dt = w.gate_up.dtype();
-  if (std::string why = cpu_engine_unsupported_reason(s, dt, dt); !why.empty())
-    throw Unsupported(why);
-  auto p = std::make_unique<PreparedCpuExperts>();
-  p->spec = s;
-  p->kernels = plan_kernels(dt, detect_cpu_features(), path);
-  const int64_t E = s.num_experts, H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
-  // Packed gate_up columns: gated -> blocks of [gate i0..i0+15 | up i0..i0+15]; else up columns.
-  p->i_cols = s.has_gate ? round_up(I, kernels::kPanelCols) : round_up(I, kernels::kBlockCols);
-  const int64_t gu_n_pad = s.has_gate ? 2 * p->i_cols : p->i_cols;
-  auto gate_up_row = [&s, I](int64_t col) -> int64_t {
-    if (!s.has_gate) return col < I ? col : -1;
-    const int64_t block = col / kernels::kBlockCols, in = col % kernels::kBlockCols;
-    const bool up = in >= kernels::kPanelCols;
-    const int64_t i = block * kernels::kPanelCols + (in % kernels::kPanelCols);
-    if (i >= I) return -1;
-    if (s.is_concatenated) return up ? I + i : i;
-    return up ? 2 * i + 1 : 2 * i;
-  };
-  p->gate_up = pack_all(w.gate_up, E, R, H, gu_n_pad, s.is_transposed, gate_up_row);
-  p->down = pack_all(w.down, E, H, I, round_up(H, kernels::kBlockCols), s.is_transposed,
-                     [H](int64_t col) -> int64_t { return col < H ? col : -1; });
-  p->h_ld = std::max(p->i_cols, p->down.k_pad);
-  if (s.has_bias) {
-    std::vector<float> gub = w.gate_up_bias.to_float_vector(), dnb = w.down_bias.to_float_vector();
-    p->gate_up_bias.assign(size_t(E * gu_n_pad), 0.f);
-    p->down_bias.assign(size_t(E * p->down.n_pad), 0.f);
-    for (int64_t e = 0; e < E; ++e) {
-      for (int64_t col = 0; col < gu_n_pad; ++col)
-        if (int64_t r = gate_up_row(col); r >= 0)
-          p->gate_up_bias[size_t(e * gu_n_pad + col)] = gub[size_t(e * R + r)];
-      for (int64_t n = 0; n < H; ++n)
-        p->down_bias[size_t(e * p->down.n_pad + n)] = dnb[size_t(e * H + n)];
-    }
-  }
-  return p;
 }
 
 }  // namespace moex::cpu

@@ -4,8 +4,11 @@
 // - Weights are packed once, at prepare time, into 16-column panels (kernels.hpp) in the order
 //   the fused epilogue wants: for gated experts every 32-column block is [16 gate columns | the
 //   16 up columns of the same intermediate indices], whatever the checkpoint layout (concatenated
-//   or interleaved, [N, K] or transposed [K, N]). So gate, up and the activation fuse into one
-//   pass that writes the activated intermediate, already rounded to the activation dtype.
+//   or interleaved, [N, K] or transposed [K, N], fused or one tensor per expert). So gate, up and
+//   the activation fuse into one pass that writes the activated intermediate, already rounded to
+//   the activation dtype. Packing reads the checkpoint's per-expert tensors straight from the
+//   memory map when the model holds them so: one copy of the weights in memory
+//   (engine_pack.cpp).
 // - One kernel path is chosen when experts are prepared, by a pure function (plan_kernels) of the
 //   weight dtype and the CPU's features (cpuid and, for AMX, the Linux permission to use tile
 //   data): amx > avx512bf16 > avx512 > avx2 > portable. Only an explicit argument forces another
@@ -113,8 +116,10 @@ class PreparedCpuExperts : public PreparedExperts {
   int64_t h_ld = 0;         // row stride of the intermediate buffer: max(i_cols, down.k_pad)
 };
 
-// Packs the weights for `path` (bf16 or fp32 weights). Throws Unsupported for other dtypes or
-// quantized weights, and when this machine cannot run `path`.
+// Packs the weights for `path` (bf16 or fp32 weights), fused or per expert (engine_pack.cpp),
+// and gives back the resident pages of the memory-mapped source tensors it packed (they stay
+// mapped and valid). Throws Unsupported for other dtypes or quantized weights, and when this
+// machine cannot run `path`.
 std::unique_ptr<PreparedCpuExperts> prepare_cpu_experts(const ExpertsSpec& spec,
                                                         const ExpertsWeights& weights,
                                                         KernelPath path);

@@ -19,6 +19,7 @@ class GroupedMmOnPath final : public ExpertsBackend {
     BackendCaps c;
     c.devices = {DeviceKind::kCPU};
     c.dtypes = {DType::kF32, DType::kBF16};
+    c.reads_per_expert = true;  // prepare_cpu_experts packs either form
     c.description = "grouped_mm on the CPU kernel path " + std::string(kernel_path_name(path_));
     return c;
   }

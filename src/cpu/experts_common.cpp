@@ -13,6 +13,7 @@ BackendCaps cpu_caps(std::string description) {
   c.devices = {DeviceKind::kCPU};
   c.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
   c.graph_capturable = false;
+  c.reads_per_expert = true;  // gate_up_view / down_view and the engine's packing read both forms
   c.description = std::move(description);
   return c;
 }
@@ -72,6 +73,13 @@ void scatter_expert_rows(const ExpertGroups& g, int64_t e, const float* y, int64
 
 MatrixView gate_up_view(const ExpertsSpec& s, const ExpertsWeights& w, int64_t e) {
   const int64_t R = s.gate_up_rows(), H = s.hidden;
+  if (!w.fused()) {  // per expert: [gate_e; up_e], rows contiguous, no bias
+    const PerExpertWeights& pe = *w.per_expert;
+    MatrixView v{pe.gate[size_t(e)].raw(), w.dtype(), R, H, H, 1};
+    v.upper = pe.up[size_t(e)].raw();
+    v.split = s.intermediate;
+    return v;
+  }
   size_t es = dtype_size(w.gate_up.dtype());
   MatrixView v{static_cast<const char*>(w.gate_up.raw()) + size_t(e * R * H) * es,
                w.gate_up.dtype(), R, H, s.is_transposed ? 1 : H, s.is_transposed ? R : 1};
@@ -81,6 +89,7 @@ MatrixView gate_up_view(const ExpertsSpec& s, const ExpertsWeights& w, int64_t e
 
 MatrixView down_view(const ExpertsSpec& s, const ExpertsWeights& w, int64_t e) {
   const int64_t I = s.intermediate, H = s.hidden;
+  if (!w.fused()) return MatrixView{w.per_expert->down[size_t(e)].raw(), w.dtype(), H, I, I, 1};
   size_t es = dtype_size(w.down.dtype());
   MatrixView v{static_cast<const char*>(w.down.raw()) + size_t(e * I * H) * es, w.down.dtype(),
                H, I, s.is_transposed ? 1 : I, s.is_transposed ? H : 1};
@@ -115,7 +124,7 @@ void linear_rows(const MatrixView& W, const float* X, int64_t M, float* Y) {
     // Rows of W are contiguous: convert one row, reuse it for all M tokens.
     std::vector<float> row(static_cast<size_t>(W.K));
     for (int64_t n = 0; n < W.N; ++n) {
-      load_floats(base + size_t(n * W.sn) * es, W.dtype, W.K, row.data());
+      load_floats(W.row(n), W.dtype, W.K, row.data());
       for (int64_t m = 0; m < M; ++m) {
         const float* x = X + m * W.K;
         float acc = 0.f;

@@ -44,12 +44,22 @@ void gather_expert_rows(const ExpertsProblem& p, const RoutingView& r, const Exp
 void scatter_expert_rows(const ExpertGroups& g, int64_t e, const float* y, int64_t H,
                          float* pair_out);
 
-// One expert's weight matrix as a strided view: W(n, c) = base[n*sn + c*sk], shape [N, K].
+// One expert's weight matrix as a strided view: W(n, c) = base[n*sn + c*sk], shape [N, K];
+// per-expert weights keep gate_up's two halves apart: rows n >= split then start at `upper`
+// (W(n, c) = upper[(n - split)*sn + c*sk]).
 struct MatrixView {
   const void* base;
   DType dtype;
   int64_t N, K, sn, sk;
   const void* bias = nullptr;  // [N] or null
+  const void* upper = nullptr;
+  int64_t split = 0;
+  // Element (n, 0).
+  const char* row(int64_t n) const {
+    const size_t es = dtype_size(dtype);
+    return upper && n >= split ? static_cast<const char*>(upper) + size_t((n - split) * sn) * es
+                               : static_cast<const char*>(base) + size_t(n * sn) * es;
+  }
 };
 MatrixView gate_up_view(const ExpertsSpec& s, const ExpertsWeights& w, int64_t e);
 MatrixView down_view(const ExpertsSpec& s, const ExpertsWeights& w, int64_t e);

@@ -22,8 +22,8 @@ class GroupedMmCpu final : public ExpertsBackend {
 
   std::unique_ptr<PreparedExperts> prepare(const ExpertsSpec& spec,
                                            const ExpertsWeights& weights) const override {
-    const DType dt = weights.gate_up.dtype();
-    if (!weights.gate_up.device().host_accessible() ||
+    const DType dt = weights.dtype();
+    if (!weights.device().host_accessible() ||
         !cpu_engine_unsupported_reason(spec, dt, dt).empty())
       return nullptr;
     return prepare_cpu_experts(spec, weights, selected_kernel_path());

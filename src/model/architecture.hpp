@@ -89,9 +89,7 @@ class DecoderLM : public CausalLM {
                       int64_t top_k, const ExpertsImplementation& requested) {
     for (const Experts& e : modules) {
       register_experts_module(key, &e);
-      const ExpertsWeights& w = e.weights();
-      for (const Tensor* t : {&w.gate_up, &w.down, &w.gate_up_bias, &w.down_bias, &w.gate_up_scale, &w.down_scale})
-        if (t->defined()) info_.experts_weight_bytes += int64_t(t->nbytes());
+      info_.experts_weight_bytes += e.stored_weights().nbytes();
     }
     info_.num_experts = num_experts;
     info_.experts_per_token = top_k;

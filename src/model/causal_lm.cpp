@@ -94,7 +94,7 @@ ExpertsImplementation CausalLM::resolve(const ExpertsImplementation& requested,
     auto backend = get_experts_backend(v);  // UnknownName listing the registered backends
     for (const auto& [key, module] : experts_modules_) {
       if (key != k) continue;
-      const Device dev = module->weights().gate_up.device();
+      const Device dev = module->device();
       if (std::string why = backend->unsupported_reason(module->spec(), info_.dtype, dev); !why.empty())
         throw Unsupported("experts backend '" + v + "' cannot serve " + info_.model_type +
                           (k.empty() ? "" : " " + k) + " experts (" + module->spec().str() + ", " +

@@ -252,9 +252,26 @@ Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const Ex
     w.down = ckpt.get(prefix + ".down_proj", {E, H, I}, dtype).to(device);
     return Experts(spec, std::move(w));
   }
-  // Fuse the hub's per-expert tensors once, where the weights will live: gate_up[e] =
-  // [gate_e; up_e], down[e] = down_e. Each expert tensor is read from the memory map (converted
-  // only when its dtype differs) and copied into its slice.
+  const auto expert_tensor = [&](int64_t e, const std::string& proj, Shape shape) {
+    return ckpt.get(prefix + "." + std::to_string(e) + "." + proj + names.suffix, shape, dtype);
+  };
+  if (device.host_accessible()) {
+    // On the host the experts keep the hub's per-expert tensors as they are: views into the
+    // memory map (copies only when the dtype is converted). Backends that pack the weights read
+    // them from there, so the experts cost one copy in memory; a fused copy is made only for a
+    // backend that needs it (Experts).
+    auto pe = std::make_shared<PerExpertWeights>();
+    for (int64_t e = 0; e < E; ++e) {
+      pe->gate.push_back(expert_tensor(e, names.gate, {I, H}).contiguous());
+      pe->up.push_back(expert_tensor(e, names.up, {I, H}).contiguous());
+      pe->down.push_back(expert_tensor(e, names.down, {H, I}).contiguous());
+    }
+    w.per_expert = std::move(pe);
+    return Experts(spec, std::move(w));
+  }
+  // On a device: fuse the hub's per-expert tensors once, where the weights will live:
+  // gate_up[e] = [gate_e; up_e], down[e] = down_e. Each expert tensor is read from the memory
+  // map (converted only when its dtype differs) and copied into its slice.
   const Device where = device.host_accessible() ? Device::cpu() : device;
   w.gate_up = Tensor::empty({E, 2 * I, H}, dtype, where);
   w.down = Tensor::empty({E, H, I}, dtype, where);
@@ -280,8 +297,8 @@ Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const Ex
 }
 
 Experts experts_to(const Experts& experts, Device device) {
+  if (device.host_accessible() || experts.device() == device) return experts;
   const ExpertsWeights& w = experts.weights();
-  if (device.host_accessible() || w.gate_up.device() == device) return experts;
   ExpertsWeights d;
   for (auto [src, dst] : {std::pair{&w.gate_up, &d.gate_up}, {&w.down, &d.down},
                           {&w.gate_up_bias, &d.gate_up_bias}, {&w.down_bias, &d.down_bias},

@@ -136,8 +136,11 @@ struct ExpectedShapes {
 // [E, 2I, H] + `<prefix>.down_proj` [E, H, I] when those exist. spec.num_experts / hidden /
 // intermediate / act must be set; weights are converted to `dtype`. Layouts with biases,
 // transposition or interleaving (gpt-oss) are built by the architecture itself.
-// `device`: where the experts weights live. On a CUDA device the hub's per-expert tensors are
-// copied straight into their slices of the fused device tensors (no fused host copy).
+// `device`: where the experts weights live. On the host the hub's per-expert tensors are kept
+// as they are (ExpertsWeights' per-expert form: views into the memory map), so packing backends
+// read them in place and no fused copy exists unless a backend that needs one is used. On a
+// CUDA device they are copied straight into their slices of the fused device tensors (no fused
+// host copy).
 Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const ExpertsSpec& spec,
                      DType dtype, const ExpertNames& names = {}, Device device = Device::cpu());
 // The same experts with their weights copied to `device` (unchanged when already there or when

@@ -79,6 +79,15 @@ void sum_rows_f32_avx512(const float* const* rows, int n, int64_t len, void* out
 // tile configuration per thread; amx_request_permission returns false when either is refused.
 bool amx_request_permission();
 
+// Packing (prepare time, pack_panel.cpp): one panel from the 16 source rows of its output columns,
+// each `k` contiguous elements of `elem` bytes (2: bf16 -> pair layout, 4: fp32 -> panel layout;
+// a null row reads as zeros), into k_pad packed rows of 64 bytes at `dst` (64-byte aligned);
+// elements k .. k_pad - 1 are zero. Every byte of the panel is written (no zeroing pass needed);
+// the AVX-512 variant uses non-temporal stores and ends with a store fence.
+using PackPanelFn = void (*)(const void* const* rows, int64_t k, int64_t k_pad, int elem, void* dst);
+void pack_panel_portable(const void* const* rows, int64_t k, int64_t k_pad, int elem, void* dst);
+void pack_panel_avx512(const void* const* rows, int64_t k, int64_t k_pad, int elem, void* dst);
+
 // Register-resident peak loops for the ceilings (no memory traffic): returns flops done.
 double peak_loop_amx(int64_t iters);
 double peak_loop_avx512bf16(int64_t iters);
