@@ -77,7 +77,6 @@ __global__ void gated_activation_kernel(T* __restrict__ gate, const void* __rest
   }
 }
 
-template <class T>
 // With `residual`: also residual += y (rounded), the MoE block's output joining the residual stream.
 template <class T>
 __global__ void add_gated_kernel(T* __restrict__ y, const void* __restrict__ shared, int shared_code,
