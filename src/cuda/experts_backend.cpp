@@ -1,6 +1,7 @@
 // CudaExpertsBackend: see experts_backend.hpp.
 #include "cuda/experts_backend.hpp"
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 
@@ -68,6 +69,23 @@ ExpertsArgs args_of(const ExpertsProblem& pr, Tensor& out) {
   a.gate_up_bias = s.has_bias ? w.gate_up_bias.raw() : nullptr;
   a.down_bias = s.has_bias ? w.down_bias.raw() : nullptr;
   a.out = out.raw();
+  if (s.quant.quantized()) {
+    a.quantized = true;
+    const bool fp4 = s.quant.kind == QuantScheme::Kind::kFp4E2M1;
+    const bool e8m0 = s.quant.scale_dtype == DType::kF8E8M0;
+    const int64_t bn = s.quant.block_n;
+    auto weight_args = [&](const Tensor& scale) {
+      QuantWeightArgs q;
+      q.fp4 = fp4;
+      q.scale_e8m0 = e8m0;
+      q.scale = scale.raw();
+      q.scale_expert_stride = scale.numel() / std::max<int64_t>(s.num_experts, 1);
+      q.block_n = int(bn);
+      return q;
+    };
+    a.gate_up_q = weight_args(w.gate_up_scale);
+    a.down_q = weight_args(w.down_scale);
+  }
   return a;
 }
 
@@ -76,6 +94,7 @@ BackendCaps CudaExpertsBackend::caps() const {
   c.devices = {DeviceKind::kCUDA};
   c.dtypes = {DType::kBF16, DType::kF16, DType::kF32};
   c.graph_capturable = capturable();
+  c.quantized_weights = true;  // FP8 / FP4 experts run the quantized CUDA-core GEMMs
   c.description = "CUDA: " + description();
   return c;
 }

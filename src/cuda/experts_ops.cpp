@@ -29,6 +29,10 @@ struct Workspace {
   float* gu;    // eager: [P, R] fp32
   void* xg;     // eager: [P, H] elem
   void* xs;     // grouped on Hopper: hidden rows gathered in sorted order, [P, H] elem
+  uint8_t* xq;  // quantized: hidden codes [T, H] and scales [T, ceil(H/128)]
+  float* xqs;
+  uint8_t* hq;  // quantized: intermediate codes [P, I] and scales [P, ceil(I/128)]
+  float* hqs;
   int max_tiles;
   size_t bytes;
 };
@@ -58,9 +62,17 @@ Workspace carve(const ExpertsArgs& a, int max_tiles, Extra extra, void* base) {
   w.h = take(es * P * a.intermediate);
   w.y = reinterpret_cast<float*>(take(sizeof(float) * P * a.hidden));
   if (extra == Extra::kSortedA) w.xs = take(es * P * a.hidden);
-  if (extra == Extra::kEagerProducts) {
+  if (extra == Extra::kEagerProducts && !a.quantized) {
     w.gu = reinterpret_cast<float*>(take(sizeof(float) * P * gate_up_rows(a)));
     w.xg = take(es * P * a.hidden);
+  }
+  if (a.quantized) {
+    const int64_t T = std::max<int64_t>(a.tokens, 1);
+    const int64_t nbh = (a.hidden + 127) / 128, nbi = (int64_t(a.intermediate) + 127) / 128;
+    w.xq = reinterpret_cast<uint8_t*>(take(size_t(T) * a.hidden));
+    w.xqs = reinterpret_cast<float*>(take(sizeof(float) * T * nbh));
+    w.hq = reinterpret_cast<uint8_t*>(take(size_t(P) * a.intermediate));
+    w.hqs = reinterpret_cast<float*>(take(sizeof(float) * P * nbi));
   }
   w.bytes = off;
   return w;
@@ -107,10 +119,27 @@ GroupedGemmArgs gemm_args(const ExpertsArgs& a, const Workspace& w, GemmKind kin
     g.a_sorted = w.h;
     g.w_rows_total = a.experts * H;
   }
+  if (a.quantized) {  // weights are bytes (FP8) or nibble pairs (FP4)
+    const auto& q = kind == GemmKind::kGateUp ? a.gate_up_q : a.down_q;
+    g.w_expert_stride = (kind == GemmKind::kGateUp ? R * H : H * I) / (q.fp4 ? 2 : 1);
+  }
   return g;
 }
 
+// Quantized experts: each A operand quantized per 1 x 128 block, then the CUDA-core products.
+void run_quant_gemms(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
+  const GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
+  const GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
+  launch_quantize_act(a.hidden_states, a.elem, a.tokens, a.hidden, nullptr, w.xq, w.xqs, s);
+  launch_grouped_gemm_quant(g1, a.gate_up_q, w.xq, w.xqs, s);
+  // Sorted positions past offsets[E] hold no pair (sentinels): not quantized.
+  launch_quantize_act(w.h, a.elem, pairs_of(a), a.intermediate, w.offsets + a.experts, w.hq,
+                      w.hqs, s);
+  launch_grouped_gemm_quant(g2, a.down_q, w.hq, w.hqs, s);
+}
+
 void run_gemms(const ExpertsArgs& a, const Workspace& w, const ExpertsPlan& plan, cudaStream_t s) {
+  if (a.quantized) return run_quant_gemms(a, w, s);
   GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
   GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
   switch (plan.gemm) {
@@ -145,6 +174,31 @@ void run_combine(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
                  a.weights_per_expert, a.tokens, a.top_k, a.experts, a.hidden, a.elem, a.out, s);
 }
 
+// Eager over quantized experts: one launch per expert that received tokens, each over that
+// expert's whole group (the route table holds one tile per non-empty expert, in expert order).
+void run_eager_quant(const ExpertsArgs& a, const Workspace& w, const std::vector<int>& offsets,
+                     cudaStream_t s) {
+  launch_quantize_act(a.hidden_states, a.elem, a.tokens, a.hidden, nullptr, w.xq, w.xqs, s);
+  GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
+  GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
+  g1.max_tiles = g2.max_tiles = 1;
+  int tile = 0;
+  for (int e = 0; e < a.experts; ++e) {
+    if (offsets[e + 1] <= offsets[e]) continue;
+    g1.tiles = g2.tiles = w.tiles + tile++;
+    launch_grouped_gemm_quant(g1, a.gate_up_q, w.xq, w.xqs, s);
+  }
+  launch_quantize_act(w.h, a.elem, pairs_of(a), a.intermediate, w.offsets + a.experts, w.hq,
+                      w.hqs, s);
+  tile = 0;
+  for (int e = 0; e < a.experts; ++e) {
+    if (offsets[e + 1] <= offsets[e]) continue;
+    g1.tiles = g2.tiles = w.tiles + tile++;
+    launch_grouped_gemm_quant(g2, a.down_q, w.hq, w.hqs, s);
+  }
+  run_combine(a, w, s);
+}
+
 void run_eager(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
   const int64_t P = pairs_of(a);
   launch_route_by_expert(a.top_k_index, a.index_i64, P, a.experts, int(std::max<int64_t>(P, 1)), 1,
@@ -154,6 +208,7 @@ void run_eager(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
   MOEX_CUDA_CHECK(cudaMemcpyAsync(offsets.data(), w.offsets, sizeof(int) * offsets.size(),
                                   cudaMemcpyDeviceToHost, s));
   MOEX_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (a.quantized) return run_eager_quant(a, w, offsets, s);
   const int64_t H = a.hidden, I = a.intermediate, R = gate_up_rows(a);
   const size_t es = elem_size(a.elem);
   for (int e = 0; e < a.experts; ++e) {

@@ -11,6 +11,8 @@
 //   eager:      route_by_expert, then a host loop over the experts that received tokens (it reads
 //               the per-expert offsets back, so it synchronises): gather, dense gate_up,
 //               activation, dense down; then combine. It is the readable reference path.
+//   quantized experts: the same routing and combine; each GEMM's A operand is quantized first
+//               (1 x 128 blocks, quantize_act) and the products read the weights in place.
 // All three write the same per-pair rows y[pos, :] (fp32) and share the deterministic combine, so
 // they agree bit for bit on the sum order; they differ only in how the products run.
 #pragma once
@@ -47,6 +49,11 @@ struct ExpertsArgs {
   const void* gate_up_bias = nullptr;
   const void* down_bias = nullptr;
   void* out = nullptr;                  // [T, H]
+  // Block-scaled FP8 / FP4 experts (spec.quant): gate_up / down hold e4m3 bytes or e2m1 pairs
+  // and these their scales (include/moex/quant.hpp). Every backend then runs the quantized
+  // CUDA-core GEMMs (quant_gemm.cuh) whatever its plan says about bf16 tile paths.
+  bool quantized = false;
+  QuantWeightArgs gate_up_q, down_q;
 };
 
 // What the plans read off a call, and the plans of the current device (traits read once).

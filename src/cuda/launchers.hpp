@@ -101,6 +101,31 @@ void launch_grouped_gemm_wgmma(const GroupedGemmArgs& a, const WgmmaConfig& c, c
 constexpr int kSimtTileRows = 32;
 void launch_grouped_gemm_simt(const GroupedGemmArgs& a, cudaStream_t stream);
 
+// ---- block-scaled FP8 / FP4 (quant_gemm.cuh; the math of include/moex/quant.hpp) ----
+// q[r, :] = e4m3 codes of row r of x [rows, K] per 128-wide block, s[r, b] its scales, for
+// r < *valid_rows (all rows when null).
+void launch_quantize_act(const void* x, Elem elem, int64_t rows, int K, const int* valid_rows,
+                         uint8_t* q, float* s, cudaStream_t stream);
+// The weights of a quantized GEMM: `w` of GroupedGemmArgs holds e4m3 bytes [E, N_rows, K] (FP8)
+// or e2m1 pairs [E, N_rows, K / 2] (FP4, low nibble = even column).
+struct QuantWeightArgs {
+  bool fp4 = false;
+  bool scale_e8m0 = false;       // scales stored as UE8M0 bytes, else float32
+  const void* scale = nullptr;   // FP8 [E, scale_rows, ceil(K/128)]; FP4 [E, N_rows, K/32]
+  int64_t scale_expert_stride = 0;  // elements
+  int block_n = 128;             // FP8 weight rows per scale row
+};
+// The grouped GEMM of GroupedGemmArgs (same tiles, epilogues and outputs) with A read as codes
+// aq [rows, K] + scales as [rows, ceil(K/128)] (gate_up: rows are tokens; down: sorted positions)
+// and the weights quantized. The weights' expert stride is in bytes.
+void launch_grouped_gemm_quant(const GroupedGemmArgs& a, const QuantWeightArgs& w,
+                               const uint8_t* aq, const float* as, cudaStream_t stream);
+// out [rows, N] (elem) = quantized linear of the codes aq / as of x [rows, K] with one quantized
+// weight [N, K] (+ bias [N] of elem, or null).
+void launch_linear_quant(const uint8_t* aq, const float* as, int64_t rows, int K, int N,
+                         const void* w, const QuantWeightArgs& qw, const void* bias, Elem elem,
+                         void* out, cudaStream_t stream);
+
 // ---- elementwise ----
 // out[t, :] = round( sum_{j<k, pos_of_pair[t*k+j] >= 0} w(t, j) * y[pos_of_pair[t*k+j], :] ),
 // summed in fp32 in slot order; w(t, j) = weights[t, j], or weights[t, id] when per_expert.

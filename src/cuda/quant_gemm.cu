@@ -1,0 +1,100 @@
+// Launchers of the block-scaled FP8 / FP4 kernels (quant_gemm.cuh): the one run-time ->
+// compile-time switch over element type, projection kind, weight format and scale format.
+#include <algorithm>
+
+#include "cuda/launchers.hpp"
+#include "cuda/quant_gemm.cuh"
+#include "cuda/runtime.hpp"
+
+namespace moex::cuda {
+namespace {
+
+template <class F>
+void dispatch_elem_q(Elem e, F&& f) {
+  switch (e) {
+    case Elem::kF32: f(float{}); break;
+    case Elem::kF16: f(__half{}); break;
+    case Elem::kBF16: f(__nv_bfloat16{}); break;
+  }
+}
+
+template <class T, int kKind, int kGroups>
+void launch_quant_kind(const QuantGemmParams& q, const QuantWeightArgs& w, dim3 grid,
+                       cudaStream_t s) {
+  const dim3 block(16, 16);
+  auto go = [&](auto kernel) { kernel<<<grid, block, 0, s>>>(q); };
+  if (w.fp4) {
+    // FP4 scales are UE8M0 by format.
+    go(grouped_gemm_quant_kernel<T, kKind, kGroups, true, true>);
+  } else if (w.scale_e8m0) {
+    go(grouped_gemm_quant_kernel<T, kKind, kGroups, false, true>);
+  } else {
+    go(grouped_gemm_quant_kernel<T, kKind, kGroups, false, false>);
+  }
+  MOEX_CUDA_CHECK_LAUNCH(grouped_gemm_quant_kernel);
+}
+
+QuantGemmParams quant_params(const GemmParams& g, const QuantWeightArgs& w, const uint8_t* aq,
+                             const float* as, int linear_rows) {
+  QuantGemmParams q;
+  q.g = g;
+  q.aq = aq;
+  q.as = as;
+  q.scale = w.scale;
+  q.scale_expert_stride = w.scale_expert_stride;
+  q.block_n = w.block_n;
+  q.linear_rows = linear_rows;
+  return q;
+}
+
+}  // namespace
+
+void launch_quantize_act(const void* x, Elem elem, int64_t rows, int K, const int* valid_rows,
+                         uint8_t* q, float* s, cudaStream_t stream) {
+  if (rows <= 0 || K <= 0) return;
+  const int64_t warps = rows * ((K + kQuantBlockK - 1) / kQuantBlockK);
+  const unsigned blocks = unsigned((warps + 7) / 8);
+  dispatch_elem_q(elem, [&](auto t) {
+    using T = decltype(t);
+    quantize_act_kernel<T><<<blocks, 256, 0, stream>>>(static_cast<const T*>(x), rows, K,
+                                                       valid_rows, q, s);
+  });
+  MOEX_CUDA_CHECK_LAUNCH(quantize_act_kernel);
+}
+
+void launch_grouped_gemm_quant(const GroupedGemmArgs& a, const QuantWeightArgs& w,
+                               const uint8_t* aq, const float* as, cudaStream_t stream) {
+  if (a.max_tiles <= 0) return;
+  const QuantGemmParams q = quant_params(to_params(a), w, aq, as, -1);
+  const dim3 grid(unsigned(a.max_tiles), unsigned((a.N + 31) / 32));
+  dispatch_elem_q(a.elem, [&](auto t) {
+    using T = decltype(t);
+    if (a.kind == GemmKind::kDown) launch_quant_kind<T, kQuantDown, 1>(q, w, grid, stream);
+    else if (a.gated) launch_quant_kind<T, kQuantGateUp, 2>(q, w, grid, stream);
+    else launch_quant_kind<T, kQuantGateUp, 1>(q, w, grid, stream);
+  });
+}
+
+void launch_linear_quant(const uint8_t* aq, const float* as, int64_t rows, int K, int N,
+                         const void* w, const QuantWeightArgs& qw, const void* bias, Elem elem,
+                         void* out, cudaStream_t stream) {
+  if (rows <= 0 || N <= 0) return;
+  GroupedGemmArgs a;
+  a.elem = elem;
+  a.w = w;
+  a.ldw = K;
+  a.bias = bias;
+  a.K = K;
+  a.N = N;
+  a.out = out;
+  GemmParams g = to_params(a);
+  g.I = 0;
+  const QuantGemmParams q = quant_params(g, qw, aq, as, int(rows));
+  const dim3 grid(unsigned((rows + 31) / 32), unsigned((N + 31) / 32));
+  dispatch_elem_q(elem, [&](auto t) {
+    using T = decltype(t);
+    launch_quant_kind<T, kQuantLinear, 1>(q, qw, grid, stream);
+  });
+}
+
+}  // namespace moex::cuda

@@ -1,0 +1,217 @@
+// Block-scaled FP8 / FP4 products on the CUDA cores: the dynamic 1 x 128 activation quantizer and
+// a grouped GEMM that reads e4m3 / e2m1 weights in place, following include/moex/quant.hpp exactly.
+//
+// Why CUDA cores: the quantized products must be the quant.hpp math to float32 rounding (the
+// experts harness compares every backend with one float64 reference): e4m3 x e4m3 products are
+// exact in fp32, summed in fp32 over each 128-wide K block, then scaled by the activation and
+// weight scales of that block. Tensor-core FP8 (wgmma / mma.sync e4m3) accumulates with fewer
+// mantissa bits and belongs to the deepgemm backend, which states its own tolerance.
+//
+// Tiles: a 16 x 16 thread block computes 32 rows x 32 output columns of kGroups weight groups
+// (gate and up side by side, so the activation is fused as in grouped_gemm_simt.cuh), walking a
+// tile's rows 32 at a time (eager hands whole experts as one tile). A rows are activation codes
+// (quantize_act_kernel), B rows are decoded to float in shared memory.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include "cuda/gemm_common.cuh"
+
+namespace moex::cuda {
+
+constexpr int kQuantBlockK = 128;  // quant::kActBlock = the FP8 weight block
+constexpr int kQuantFp4BlockK = 32;
+
+__device__ __forceinline__ float e4m3_value(uint8_t b) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(b), __NV_E4M3);
+  return __half2float(__half(h));
+}
+__device__ __forceinline__ float e8m0_value(uint8_t c) {
+  if (c == 0xff) return __int_as_float(0x7fc00000);
+  if (c == 0) return __int_as_float(0x00400000);  // 2^-127
+  return __int_as_float(int(c) << 23);
+}
+// e2m1 code (low 4 bits): sign, two exponent bits (bias 1), one mantissa bit.
+__device__ __forceinline__ float e2m1_value(uint32_t code) {
+  const uint32_t e = (code >> 1) & 3u, m = code & 1u;
+  const float mag = e == 0 ? 0.5f * float(m) : (1.f + 0.5f * float(m)) * float(1u << (e - 1));
+  return (code & 8u) ? -mag : mag;
+}
+
+// One warp per (row, 128-block): s = max(amax / 448, 1e-12), q = e4m3_rne(x / s).
+// Rows at or past *valid_rows (when given) are skipped.
+template <class T>
+__global__ void __launch_bounds__(256) quantize_act_kernel(const T* __restrict__ x, int64_t rows,
+                                                           int K, const int* valid_rows,
+                                                           uint8_t* __restrict__ q,
+                                                           float* __restrict__ s) {
+  const int nb = (K + kQuantBlockK - 1) / kQuantBlockK;
+  const int64_t id = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (id >= rows * nb) return;
+  const int64_t row = id / nb;
+  const int b = int(id % nb);
+  if (valid_rows && row >= *valid_rows) return;
+  const T* xr = x + row * K;
+  float v[4];
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int k = b * kQuantBlockK + lane + 32 * i;
+    v[i] = k < K ? to_float(xr[k]) : 0.f;
+    amax = fmaxf(amax, fabsf(v[i]));
+  }
+#pragma unroll
+  for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float sc = fmaxf(amax / 448.f, 1e-12f);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int k = b * kQuantBlockK + lane + 32 * i;
+    if (k < K) q[row * K + k] = uint8_t(__nv_cvt_float_to_fp8(v[i] / sc, __NV_NOSAT, __NV_E4M3));
+  }
+  if (lane == 0) s[row * nb + b] = sc;
+}
+
+// What the quantized GEMM reads beyond GemmParams.
+struct QuantGemmParams {
+  GemmParams g;            // w: e4m3 bytes [E, N_rows, K] or e2m1 pairs [E, N_rows, K / 2]
+  const uint8_t* aq;       // activation codes [rows, K] (gate_up: one row per token)
+  const float* as;         // activation scales [rows, ceil(K / 128)]
+  const void* scale;       // weight scales: FP8 [E, scale_rows, ceil(K / 128)], FP4 [E, N_rows, K / 32]
+  int64_t scale_expert_stride;
+  int block_n;             // FP8 weight rows per scale row (128)
+  int linear_rows;         // >= 0: a plain linear over this many rows (no tiles, no experts)
+};
+
+enum QuantKind : int { kQuantGateUp = 0, kQuantDown = 1, kQuantLinear = 2 };
+
+template <bool kE8M0>
+__device__ __forceinline__ float scale_at(const void* s, int64_t i) {
+  if constexpr (kE8M0) return e8m0_value(static_cast<const uint8_t*>(s)[i]);
+  else return static_cast<const float*>(s)[i];
+}
+
+template <class T, int kKind, int kGroups, bool kFp4, bool kE8M0>
+__global__ void __launch_bounds__(256) grouped_gemm_quant_kernel(QuantGemmParams q) {
+  constexpr int BM = 32, BN = 32, BK = 32;
+  static_assert(kQuantBlockK % BK == 0 && BK % kQuantFp4BlockK == 0);
+  const GemmParams& p = q.g;
+  Tile tile;
+  if (kKind == kQuantLinear) {
+    const int r0 = int(blockIdx.x) * BM;
+    if (r0 >= q.linear_rows) return;
+    tile = Tile{0, r0, min(BM, q.linear_rows - r0), 0};
+  } else {
+    if (int(blockIdx.x) >= *p.num_tiles) return;
+    tile = p.tiles[blockIdx.x];
+    if (tile.rows <= 0) return;
+  }
+  const int n0 = blockIdx.y * BN;
+  if (n0 >= p.N) return;
+  __shared__ float As[BK][BM + 1];
+  __shared__ float Bs[kGroups][BK][BN + 1];
+  __shared__ int a_row[BM];
+  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx;
+  const int K = p.K, nb = (K + kQuantBlockK - 1) / kQuantBlockK;
+  const int64_t w_row_bytes = kFp4 ? K / 2 : K;
+  const uint8_t* w = static_cast<const uint8_t*>(p.w) + tile.expert * p.w_expert_stride;
+  const int64_t s_base = tile.expert * q.scale_expert_stride;
+  const int s_cols = kFp4 ? K / kQuantFp4BlockK : nb;
+  // Scale row of weight row `src` (gate rows first, then up; see quant::fused_scale_row).
+  auto fp8_scale_row = [&](int64_t src) -> int64_t {
+    if (kGroups == 1) return src / q.block_n;
+    const int64_t I = p.I, bn = q.block_n;
+    return src < I ? src / bn : (I + bn - 1) / bn + (src - I) / bn;
+  };
+
+  for (int r0 = 0; r0 < tile.rows; r0 += BM) {
+    const int rows = min(BM, tile.rows - r0);
+    __syncthreads();  // a_row of the previous chunk is no longer read
+    if (tid < BM) {
+      const int pos = tile.row_start + r0 + tid;
+      a_row[tid] = tid >= rows ? -1 : kKind == kQuantGateUp ? p.sorted_pair[pos] / p.top_k : pos;
+    }
+    __syncthreads();
+    float acc[kGroups][2][2] = {}, part[kGroups][2][2] = {};
+    for (int k0 = 0; k0 < K; k0 += BK) {
+      for (int i = tid; i < BM * BK; i += 256) {
+        const int r = i / BK, kk = i % BK, gk = k0 + kk;
+        As[kk][r] = (a_row[r] >= 0 && gk < K) ? e4m3_value(q.aq[int64_t(a_row[r]) * K + gk]) : 0.f;
+      }
+      for (int i = tid; i < kGroups * BN * BK; i += 256) {
+        const int g = i / (BN * BK), rem = i % (BN * BK), c = rem / BK, kk = rem % BK;
+        const int j = n0 + c, gk = k0 + kk;
+        float v = 0.f;
+        if (j < p.N && gk < K) {
+          const int64_t src = b_source_row<kGroups>(p, j, g);
+          if constexpr (kFp4) {
+            const uint8_t byte = w[src * w_row_bytes + gk / 2];
+            v = e2m1_value((gk & 1) ? byte >> 4 : byte & 15u) *
+                scale_at<kE8M0>(q.scale, s_base + src * s_cols + gk / kQuantFp4BlockK);
+          } else {
+            v = e4m3_value(w[src * w_row_bytes + gk]);
+          }
+        }
+        Bs[g][kk][c] = v;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int kk = 0; kk < BK; ++kk) {
+        const float a0 = As[kk][ty], a1 = As[kk][ty + 16];
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          const float b0 = Bs[g][kk][tx], b1 = Bs[g][kk][tx + 16];
+          part[g][0][0] = fmaf(a0, b0, part[g][0][0]);
+          part[g][0][1] = fmaf(a0, b1, part[g][0][1]);
+          part[g][1][0] = fmaf(a1, b0, part[g][1][0]);
+          part[g][1][1] = fmaf(a1, b1, part[g][1][1]);
+        }
+      }
+      __syncthreads();
+      // End of a 128-wide K block: apply its activation and weight scales.
+      if ((k0 + BK) % kQuantBlockK == 0 || k0 + BK >= K) {
+        const int b = k0 / kQuantBlockK;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int r = ty + 16 * i;
+          const float sa = a_row[r] >= 0 ? q.as[int64_t(a_row[r]) * nb + b] : 0.f;
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            const int j = n0 + tx + 16 * jj;
+#pragma unroll
+            for (int g = 0; g < kGroups; ++g) {
+              float sw = 1.f;
+              if (!kFp4 && j < p.N)
+                sw = scale_at<kE8M0>(q.scale,
+                                     s_base + fp8_scale_row(b_source_row<kGroups>(p, j, g)) * s_cols + b);
+              acc[g][i][jj] = fmaf(part[g][i][jj], sa * sw, acc[g][i][jj]);
+              part[g][i][jj] = 0.f;
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = ty + 16 * i;
+      if (r >= rows) continue;
+      const int pos = tile.row_start + r0 + r;
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int j = n0 + tx + 16 * jj;
+        if (j >= p.N) continue;
+        if (kKind == kQuantLinear) {
+          float v = acc[0][i][jj];
+          if (p.bias) v += to_float(static_cast<const T*>(p.bias)[j]);
+          static_cast<T*>(p.out)[int64_t(pos) * p.N + j] = from_float<T>(v);
+        } else {
+          constexpr GemmKind kind = kKind == kQuantGateUp ? GemmKind::kGateUp : GemmKind::kDown;
+          epilogue_store<T, kind, kGroups>(p, tile.expert, pos, j, acc[0][i][jj],
+                                           acc[kGroups - 1][i][jj]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace moex::cuda
