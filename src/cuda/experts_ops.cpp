@@ -127,19 +127,22 @@ GroupedGemmArgs gemm_args(const ExpertsArgs& a, const Workspace& w, GemmKind kin
 }
 
 // Quantized experts: each A operand quantized per 1 x 128 block, then the CUDA-core products.
-void run_quant_gemms(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
+void run_quant_gemms(const ExpertsArgs& a, const Workspace& w, const ExpertsPlan& plan,
+                     cudaStream_t s) {
   const GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
   const GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
+  const bool gemv = plan.gemm == GemmPath::kGemv;
   launch_quantize_act(a.hidden_states, a.elem, a.tokens, a.hidden, nullptr, w.xq, w.xqs, s);
-  launch_grouped_gemm_quant(g1, a.gate_up_q, w.xq, w.xqs, s);
-  // Sorted positions past offsets[E] hold no pair (sentinels): not quantized.
-  launch_quantize_act(w.h, a.elem, pairs_of(a), a.intermediate, w.offsets + a.experts, w.hq,
-                      w.hqs, s);
-  launch_grouped_gemm_quant(g2, a.down_q, w.hq, w.hqs, s);
+  if (gemv) launch_grouped_gemv_quant(g1, a.gate_up_q, w.xq, w.xqs, s);
+  else launch_grouped_gemm_quant(g1, a.gate_up_q, w.xq, w.xqs, s);
+  // Positions that hold no pair (sentinels) are quantized too but never read.
+  launch_quantize_act(w.h, a.elem, pairs_of(a), a.intermediate, nullptr, w.hq, w.hqs, s);
+  if (gemv) launch_grouped_gemv_quant(g2, a.down_q, w.hq, w.hqs, s);
+  else launch_grouped_gemm_quant(g2, a.down_q, w.hq, w.hqs, s);
 }
 
 void run_gemms(const ExpertsArgs& a, const Workspace& w, const ExpertsPlan& plan, cudaStream_t s) {
-  if (a.quantized) return run_quant_gemms(a, w, s);
+  if (a.quantized) return run_quant_gemms(a, w, plan, s);
   GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
   GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
   switch (plan.gemm) {
@@ -253,6 +256,7 @@ ExpertsShape shape_of(const ExpertsArgs& a) {
   s.concatenated = a.concatenated;
   s.transposed = a.transposed;
   s.aligned16 = aligned(a.hidden_states) && aligned(a.gate_up) && aligned(a.down);
+  s.quantized = a.quantized;
   return s;
 }
 

@@ -59,6 +59,10 @@ bool wgmma_applies(const ExpertsShape& s, const DeviceTraits& d) {
   return d.hopper() && mma_applies(s) && !s.transposed && (!s.gated || s.concatenated);
 }
 
+bool quant_gemv_applies(const ExpertsShape& s) {
+  return s.quantized && s.hidden % 16 == 0 && s.intermediate % 16 == 0 && s.aligned16;
+}
+
 namespace {
 
 ExpertsPlan simt_plan() {
@@ -69,9 +73,24 @@ ExpertsPlan simt_plan() {
   return p;
 }
 
+// Quantized experts read their weights in place from the CUDA cores: decode-sized calls stream
+// them through the GEMV (one pair per tile for batched_mm, up to 16 rows for grouped_mm), larger
+// ones go through the 32-row tile kernel.
+ExpertsPlan quant_plan(const ExpertsShape& s, bool per_pair) {
+  ExpertsPlan p = simt_plan();
+  if (per_pair) p.raster_tiles = 1;
+  if (quant_gemv_applies(s) && s.tokens <= kQuantGemvMaxTokens) {
+    p.gemm = GemmPath::kGemv;
+    p.tile_rows = per_pair ? 1 : 16;
+    p.raster_tiles = per_pair ? 1 : 64;
+  }
+  return p;
+}
+
 }  // namespace
 
 ExpertsPlan plan_batched_mm(const ExpertsShape& s, const DeviceTraits&) {
+  if (s.quantized) return quant_plan(s, true);
   // One token: its k pairs read k different experts once each, and the GEMV streams them without
   // the 15 padding rows of a tensor-core tile (H200, `moex bench experts --backends batched_mm
   // --tokens 1 --graph on`: Qwen1.5-MoE 0.0442 -> 0.0390 ms, Mixtral 0.2472 -> 0.1915, DeepSeek
@@ -98,6 +117,7 @@ ExpertsPlan plan_batched_mm(const ExpertsShape& s, const DeviceTraits&) {
 }
 
 ExpertsPlan plan_grouped_mm(const ExpertsShape& s, const DeviceTraits& d) {
+  if (s.quantized) return quant_plan(s, false);
   if (!mma_applies(s)) return simt_plan();
   const bool wgmma = wgmma_applies(s, d);
   const int64_t active = std::max<int64_t>(1, std::min<int64_t>(s.experts, s.pairs));
@@ -125,6 +145,13 @@ ExpertsPlan plan_grouped_mm(const ExpertsShape& s, const DeviceTraits& d) {
 
 void check_plan(const ExpertsPlan& p, const ExpertsShape& s, const DeviceTraits& d) {
   auto fail = [](const std::string& why) { throw InvalidInput("experts plan: " + why); };
+  if (s.quantized && p.gemm != GemmPath::kSimt && p.gemm != GemmPath::kGemv)
+    fail("quantized experts run the CUDA-core kernels (SIMT tiles or the GEMV)");
+  if (s.quantized && p.gemm == GemmPath::kGemv) {
+    if (!quant_gemv_applies(s)) fail("the quantized GEMV needs H and I multiples of 16");
+    if (p.raster_tiles < 1 || p.raster_tiles > 0xffff) fail("raster_tiles must be in [1, 65535]");
+    return;
+  }
   switch (p.gemm) {
     case GemmPath::kSimt:
       if (p.tile_rows != kSimtTileRows)

@@ -21,6 +21,7 @@ struct ExpertsShape {
   int experts = 0, hidden = 0, intermediate = 0;
   bool gated = true, concatenated = true, transposed = false;
   bool aligned16 = true;  // hidden, gate_up and down start on 16-byte boundaries
+  bool quantized = false;  // FP8 / FP4 experts (quant_gemm.cuh): kSimt or kGemv only
 };
 
 // What a plan depends on, read once per device (traits_of in experts_ops.hpp).
@@ -67,11 +68,16 @@ bool mma_applies(const ExpertsShape& s);
 bool gemv_applies(const ExpertsShape& s);  // kGemv: bf16 / f16, row-major, K % 8, aligned
 
 bool wgmma_applies(const ExpertsShape& s, const DeviceTraits& d);
+// Quantized experts' GEMV: 16-byte loads along K of e4m3 / e2m1 rows (H, I multiples of 16).
+bool quant_gemv_applies(const ExpertsShape& s);
 
 // grouped_mm: 16-row mma.sync tiles while experts average few rows (memory-bound: weights
 // dominate), 64-row wgmma tiles around 32 rows per expert, 128-row tiles beyond (Hopper: wgmma,
 // ping-pong down GEMM when I <= 2048); SIMT where the tensor-core kernels do not apply.
 ExpertsPlan plan_grouped_mm(const ExpertsShape& s, const DeviceTraits& d);
+// Quantized experts (both backends): the GEMV while T <= kQuantGemvMaxTokens, else the
+// CUDA-core tile kernel.
+inline constexpr int64_t kQuantGemvMaxTokens = 16;
 // batched_mm: one 16-row mma.sync tile per (token, slot) pair, or one SIMT tile.
 ExpertsPlan plan_batched_mm(const ExpertsShape& s, const DeviceTraits& d);
 // Throws InvalidInput naming the field when `p` cannot run this shape on this device (a plan set

@@ -120,6 +120,10 @@ struct QuantWeightArgs {
 // and the weights quantized. The weights' expert stride is in bytes.
 void launch_grouped_gemm_quant(const GroupedGemmArgs& a, const QuantWeightArgs& w,
                                const uint8_t* aq, const float* as, cudaStream_t stream);
+// The same for tiles of one or a few rows (decode): 16-byte weight loads, K a multiple of 16
+// (FP8) / 32 (FP4), 16-byte aligned weights.
+void launch_grouped_gemv_quant(const GroupedGemmArgs& a, const QuantWeightArgs& w,
+                               const uint8_t* aq, const float* as, cudaStream_t stream);
 // out [rows, N] (elem) = quantized linear of the codes aq / as of x [rows, K] with one quantized
 // weight [N, K] (+ bias [N] of elem, or null).
 void launch_linear_quant(const uint8_t* aq, const float* as, int64_t rows, int K, int N,

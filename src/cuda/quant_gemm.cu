@@ -5,6 +5,7 @@
 #include "cuda/launchers.hpp"
 #include "cuda/quant_gemm.cuh"
 #include "cuda/runtime.hpp"
+#include "moex/error.hpp"
 
 namespace moex::cuda {
 namespace {
@@ -72,6 +73,37 @@ void launch_grouped_gemm_quant(const GroupedGemmArgs& a, const QuantWeightArgs& 
     if (a.kind == GemmKind::kDown) launch_quant_kind<T, kQuantDown, 1>(q, w, grid, stream);
     else if (a.gated) launch_quant_kind<T, kQuantGateUp, 2>(q, w, grid, stream);
     else launch_quant_kind<T, kQuantGateUp, 1>(q, w, grid, stream);
+  });
+}
+
+namespace {
+template <class T, int kKind, int kGroups>
+void launch_gemv_quant_kind(const QuantGemmParams& q, const QuantWeightArgs& w, dim3 grid,
+                            cudaStream_t s) {
+  auto go = [&](auto kernel) {
+    launch_pdl(kernel, grid, dim3(kQuantGemvWarps * 32), 0, s, current_device(), q);
+  };
+  if (w.fp4) go(grouped_gemv_quant_kernel<T, kKind, kGroups, true, true>);
+  else if (w.scale_e8m0) go(grouped_gemv_quant_kernel<T, kKind, kGroups, false, true>);
+  else go(grouped_gemv_quant_kernel<T, kKind, kGroups, false, false>);
+}
+}  // namespace
+
+void launch_grouped_gemv_quant(const GroupedGemmArgs& a, const QuantWeightArgs& w,
+                               const uint8_t* aq, const float* as, cudaStream_t stream) {
+  if (a.max_tiles <= 0 || a.N <= 0) return;
+  if (a.K % (w.fp4 ? 32 : 16) != 0)
+    throw Error("launch_grouped_gemv_quant: K must be a multiple of 16 (FP8) / 32 (FP4)");
+  const int64_t col_blocks = (int64_t(a.N) + kQuantGemvColumns - 1) / kQuantGemvColumns;
+  if (col_blocks > 65535)
+    throw Unsupported("quantized GEMV: " + std::to_string(a.N) + " output columns");
+  const QuantGemmParams q = quant_params(to_params(a), w, aq, as, -1);
+  const dim3 grid(unsigned(a.max_tiles), unsigned(col_blocks));
+  dispatch_elem_q(a.elem, [&](auto t) {
+    using T = decltype(t);
+    if (a.kind == GemmKind::kDown) launch_gemv_quant_kind<T, kQuantDown, 1>(q, w, grid, stream);
+    else if (a.gated) launch_gemv_quant_kind<T, kQuantGateUp, 2>(q, w, grid, stream);
+    else launch_gemv_quant_kind<T, kQuantGateUp, 1>(q, w, grid, stream);
   });
 }
 
