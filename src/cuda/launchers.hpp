@@ -125,7 +125,9 @@ void launch_grouped_gemm_quant(const GroupedGemmArgs& a, const QuantWeightArgs& 
 void launch_grouped_gemv_quant(const GroupedGemmArgs& a, const QuantWeightArgs& w,
                                const uint8_t* aq, const float* as, cudaStream_t stream);
 // out [rows, N] (elem) = quantized linear of the codes aq / as of x [rows, K] with one quantized
-// weight [N, K] (+ bias [N] of elem, or null).
+// weight [N, K] (+ bias [N] of elem, or null). Up to kQuantLinearGemvMaxRows rows (with K a
+// multiple of 16 / 32 and an aligned weight) it runs the GEMV, else the tile kernel.
+inline constexpr int64_t kQuantLinearGemvMaxRows = 16;
 void launch_linear_quant(const uint8_t* aq, const float* as, int64_t rows, int K, int N,
                          const void* w, const QuantWeightArgs& qw, const void* bias, Elem elem,
                          void* out, cudaStream_t stream);

@@ -1,6 +1,7 @@
 // Launchers of the block-scaled FP8 / FP4 kernels (quant_gemm.cuh): the one run-time ->
 // compile-time switch over element type, projection kind, weight format and scale format.
 #include <algorithm>
+#include <cstdint>
 
 #include "cuda/launchers.hpp"
 #include "cuda/quant_gemm.cuh"
@@ -122,10 +123,19 @@ void launch_linear_quant(const uint8_t* aq, const float* as, int64_t rows, int K
   GemmParams g = to_params(a);
   g.I = 0;
   const QuantGemmParams q = quant_params(g, qw, aq, as, int(rows));
-  const dim3 grid(unsigned((rows + 31) / 32), unsigned((N + 31) / 32));
+  // Decode-sized calls stream the weight through the GEMV (all rows in one tile).
+  const bool gemv = rows <= kQuantLinearGemvMaxRows && K % (qw.fp4 ? 32 : 16) == 0 &&
+                    (reinterpret_cast<uintptr_t>(w) & 15) == 0 &&
+                    (N + kQuantGemvColumns - 1) / kQuantGemvColumns <= 65535;
   dispatch_elem_q(elem, [&](auto t) {
     using T = decltype(t);
-    launch_quant_kind<T, kQuantLinear, 1>(q, qw, grid, stream);
+    if (gemv) {
+      const dim3 grid(1, unsigned((N + kQuantGemvColumns - 1) / kQuantGemvColumns));
+      launch_gemv_quant_kind<T, kQuantLinear, 1>(q, qw, grid, stream);
+    } else {
+      const dim3 grid(unsigned((rows + 31) / 32), unsigned((N + 31) / 32));
+      launch_quant_kind<T, kQuantLinear, 1>(q, qw, grid, stream);
+    }
   });
 }
 

@@ -231,8 +231,11 @@ __global__ void __launch_bounds__(kQuantGemvWarps * 32) grouped_gemv_quant_kerne
   pdl_wait();
   pdl_trigger();
   const GemmParams& p = q.g;
-  if (int(blockIdx.x) >= *p.num_tiles) return;
-  const Tile tile = p.tiles[blockIdx.x];
+  Tile tile{0, 0, q.linear_rows, 0};  // a plain linear: every row in one tile
+  if (kKind != kQuantLinear) {
+    if (int(blockIdx.x) >= *p.num_tiles) return;
+    tile = p.tiles[blockIdx.x];
+  }
   if (tile.rows <= 0) return;
   const int j0 = int(blockIdx.y) * kQuantGemvColumns;
   if (j0 >= p.N) return;
@@ -316,8 +319,14 @@ __global__ void __launch_bounds__(kQuantGemvWarps * 32) grouped_gemv_quant_kerne
       for (int g = 0; g < kGroups; ++g)
 #pragma unroll
         for (int w8 = 0; w8 < kQuantGemvWarps; ++w8) v[g] += part[w8][g][c];
-      constexpr GemmKind kind = kKind == kQuantGateUp ? GemmKind::kGateUp : GemmKind::kDown;
-      epilogue_store<T, kind, kGroups>(p, tile.expert, pos, j0 + c, v[0], v[kGroups - 1]);
+      if (kKind == kQuantLinear) {
+        float y = v[0];
+        if (p.bias) y += to_float(static_cast<const T*>(p.bias)[j0 + c]);
+        static_cast<T*>(p.out)[int64_t(pos) * p.N + j0 + c] = from_float<T>(y);
+      } else {
+        constexpr GemmKind kind = kKind == kQuantGateUp ? GemmKind::kGateUp : GemmKind::kDown;
+        epilogue_store<T, kind, kGroups>(p, tile.expert, pos, j0 + c, v[0], v[kGroups - 1]);
+      }
     }
     __syncthreads();
   }
