@@ -639,6 +639,29 @@ TEST(CudaOps, GreedyMatchesHostArgmax) {
     }
 }
 
+// The non-finite counts come back with the ids, equal to the host's, greedy and sampled.
+TEST(CudaOps, ChooseTokensCountsNonFiniteLogits) {
+  if (moex::test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  const int64_t B = 4, V = 1000;
+  std::vector<float> v = random_values(size_t(B * V), 77, DType::kF32, -3.0f, 3.0f);
+  v[size_t(1 * V + 5)] = std::numeric_limits<float>::quiet_NaN();
+  v[size_t(1 * V + 999)] = std::numeric_limits<float>::infinity();
+  v[size_t(3 * V + 0)] = -std::numeric_limits<float>::infinity();
+  const Tensor logits = host(v, {B, V});
+  std::mt19937_64 rng(1);
+  std::vector<int64_t> want, got;
+  (void)ops::choose_tokens(logits, nullptr, rng, &want);
+  EXPECT_EQ(want, (std::vector<int64_t>{0, 2, 0, 1}));
+  ops::SamplingSpec spec;
+  spec.temperature = 0.7f;
+  const ops::SamplingSpec* specs[] = {nullptr, &spec};
+  for (const ops::SamplingSpec* s : specs)
+    for (DType stored : kActs) {
+      (void)ops::choose_tokens(device(logits, stored), s, rng, &got);
+      EXPECT_EQ(got, want) << name(stored) << (s ? " sampled" : " greedy");
+    }
+}
+
 // Logits [B, V] with one clear maximum per row (so that top_k = 1 keeps one token).
 Tensor peaked_logits(int64_t B, int64_t V, uint64_t seed, std::vector<int64_t>* argmax) {
   std::vector<float> v = random_values(size_t(B * V), seed, DType::kBF16, -3.0f, 3.0f);

@@ -266,6 +266,18 @@ TEST_F(BadConfig, NonFiniteLogitsAreAnError) {
   GenerationOptions g;
   g.max_new_tokens = 3;
   EXPECT_THROW(lm->generate(ids, g), Error);
+  // On a GPU the logits never reach the host: the token choice counts them.
+  if (moex::test::cuda_devices() > 0) {
+    LoadOptions o;
+    o.device = Device::cuda();
+    auto gpu = from_pretrained(dir, o);
+    try {
+      gpu->generate(ids, g);
+      FAIL() << "expected an error on CUDA";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("non-finite logit"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(CheckedSizes, ShapesThatOverflowAreErrors) {

@@ -118,11 +118,19 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   };
   for (int64_t n = 0; n < options.max_new_tokens; ++n) {
     // Non-finite logits would pick garbage tokens silently. On the host the check is one pass
-    // over B x V floats; a GPU's logits stay on the device (no extra copy or sync for it).
+    // over B x V floats (naming the first value); on a GPU the token choice counts them in its
+    // pass and the counts come back with the ids (no extra copy or sync).
     if (info_.device.host_accessible() && logits.dtype() == DType::kF32)
       check_finite(logits, "at new token " + std::to_string(n));
     // One choice for every row (on the model's device; the ids come back to the host).
-    std::vector<int64_t> next = ops::choose_tokens(logits, options.do_sample ? &sampling : nullptr, rng);
+    std::vector<int64_t> nonfinite;
+    std::vector<int64_t> next = ops::choose_tokens(logits, options.do_sample ? &sampling : nullptr, rng,
+                                                   info_.device.host_accessible() ? nullptr : &nonfinite);
+    for (size_t b = 0; b < nonfinite.size(); ++b)
+      if (nonfinite[b] > 0)
+        throw Error("the forward gave a non-finite logit (" + std::to_string(nonfinite[b]) +
+                    " NaN or infinite values in row " + std::to_string(b) + ") at new token " +
+                    std::to_string(n) + "; the checkpoint's weights or config values (rope, rms_norm_eps) overflow");
     if (n == 0) {
       t1 = Clock::now();
       stats_.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();

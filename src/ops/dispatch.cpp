@@ -1,5 +1,6 @@
 // The one place where an op picks its implementation by the device of its tensors: host tensors
 // run src/ops/cpu/*, CUDA tensors src/ops/cuda/* (CUDA builds).
+#include <cmath>
 #include <string>
 
 #include "moex/error.hpp"
@@ -192,15 +193,28 @@ int64_t sample_row(const Tensor& logits, int64_t row, const SamplingSpec& spec, 
 }
 
 std::vector<int64_t> choose_tokens(const Tensor& logits, const SamplingSpec* sampling, std::mt19937_64& rng) {
+  return choose_tokens(logits, sampling, rng, nullptr);
+}
+
+std::vector<int64_t> choose_tokens(const Tensor& logits, const SamplingSpec* sampling, std::mt19937_64& rng,
+                                   std::vector<int64_t>* nonfinite) {
   return dispatch(
       "choose_tokens", logits.device(),
       [&] {
-        std::vector<int64_t> ids(size_t(logits.size(0)));
-        for (int64_t b = 0; b < logits.size(0); ++b)
+        const int64_t B = logits.size(0);
+        std::vector<int64_t> ids(static_cast<size_t>(B));
+        for (int64_t b = 0; b < B; ++b)
           ids[size_t(b)] = sampling ? cpu::sample_row(logits, b, *sampling, rng) : cpu::argmax_row(logits, b);
+        if (nonfinite) {
+          nonfinite->assign(size_t(B), 0);
+          const Tensor f = logits.dtype() == DType::kF32 ? logits.contiguous() : logits.to(DType::kF32);
+          const float* p = f.data<float>();
+          const int64_t V = f.size(1);
+          for (int64_t i = 0; i < B * V; ++i) (*nonfinite)[size_t(i / V)] += !std::isfinite(p[i]);
+        }
         return ids;
       },
-      MOEX_OPS_DEVICE(choose_tokens(logits, sampling, rng)));
+      MOEX_OPS_DEVICE(choose_tokens(logits, sampling, rng, nonfinite)));
 }
 
 }  // namespace moex::ops

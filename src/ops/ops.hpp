@@ -344,5 +344,10 @@ int64_t sample_row(const Tensor& logits, int64_t row, const SamplingSpec& spec, 
 // `rng` and derives its uniform number from (seed, row) with a counter-based hash, so a seed
 // reproduces a run on the same device (the streams of the host and the device differ).
 std::vector<int64_t> choose_tokens(const Tensor& logits, const SamplingSpec* sampling, std::mt19937_64& rng);
+// The same, also counting each row's non-finite logits (NaN, +-inf) into `nonfinite` (B entries)
+// in the same pass: on CUDA the counts come back with the ids, in the same download, so checking
+// them costs a generation step no extra synchronisation.
+std::vector<int64_t> choose_tokens(const Tensor& logits, const SamplingSpec* sampling, std::mt19937_64& rng,
+                                   std::vector<int64_t>* nonfinite);
 
 }  // namespace moex::ops

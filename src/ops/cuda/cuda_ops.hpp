@@ -90,6 +90,7 @@ Routing softmax_topk(const Tensor& logits, int64_t k, bool normalize, DType weig
 Routing topk_softmax(const Tensor& logits, int64_t k, DType act);
 Routing sigmoid_group_topk(const Tensor& logits, const Tensor& correction, const GroupLimitedTopk& spec);
 
-std::vector<int64_t> choose_tokens(const Tensor& logits, const SamplingSpec* sampling, std::mt19937_64& rng);
+std::vector<int64_t> choose_tokens(const Tensor& logits, const SamplingSpec* sampling, std::mt19937_64& rng,
+                                   std::vector<int64_t>* nonfinite = nullptr);
 
 }  // namespace moex::ops::cuda

@@ -28,6 +28,7 @@
 // left to right; a token exactly at a top-p or CDF boundary can therefore go the other way than
 // on the host. The host and the device draw from different random streams anyway, so a seed
 // reproduces a run on the same device, not across devices.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -63,6 +64,7 @@ struct ChooseParams {
   double top_p;
   unsigned long long seed;
   int64_t* out;
+  int64_t* nonfinite;  // [B] counts of NaN / inf logits per row, or null
 };
 
 // Order-preserving key of a float (larger float, larger key); -0 counts as +0, as comparisons do.
@@ -205,9 +207,10 @@ __global__ void __launch_bounds__(kBlock) choose_tokens_kernel(const ChooseParam
   // so a strict > keeps its lowest); the host's scan returns 0 when x[0] is NaN.
   float best = -INFINITY;
   long long best_i = -1;
-  double valid = 0;
+  double valid = 0, bad = 0;
   for (int64_t i = threadIdx.x; i < V; i += kBlock) {
     const float x = load(i);
+    bad += isfinite(x) ? 0.0 : 1.0;
     if (x != x) continue;
     valid += 1.0;
     if (best_i < 0 || x > best) {
@@ -216,6 +219,10 @@ __global__ void __launch_bounds__(kBlock) choose_tokens_kernel(const ChooseParam
     }
   }
   block_argmax(best, best_i, sh);
+  if (p.nonfinite) {
+    const double n_bad = block_sum(bad, sh);
+    if (threadIdx.x == 0) p.nonfinite[row] = int64_t(n_bad);
+  }
   const bool x0_nan = load(0) != load(0);
   if (!p.sample) {
     if (threadIdx.x == 0) p.out[row] = (x0_nan || best_i < 0) ? 0 : best_i;
@@ -370,7 +377,8 @@ __global__ void __launch_bounds__(kBlock) choose_tokens_kernel(const ChooseParam
 
 }  // namespace
 
-std::vector<int64_t> choose_tokens(const Tensor& logits, const SamplingSpec* sampling, std::mt19937_64& rng) {
+std::vector<int64_t> choose_tokens(const Tensor& logits, const SamplingSpec* sampling, std::mt19937_64& rng,
+                                   std::vector<int64_t>* nonfinite) {
   const int64_t B = logits.size(0), V = logits.size(1);
   ChooseParams p{};
   if (sampling) {
@@ -395,14 +403,19 @@ std::vector<int64_t> choose_tokens(const Tensor& logits, const SamplingSpec* sam
   p.V = V;
   const Device dev = logits.device();
   moex::cuda::DeviceGuard g(dev.index);
-  Tensor out = Tensor::empty({B}, DType::kI64, dev);
+  // ids, then the non-finite counts when asked for: one buffer, one download.
+  Tensor out = Tensor::empty({nonfinite ? 2 * B : B}, DType::kI64, dev);
   p.out = out.data<int64_t>();
+  p.nonfinite = nonfinite ? p.out + B : nullptr;
   cudaStream_t s = moex::cuda::current_stream();
   choose_tokens_kernel<<<unsigned(B), kBlock, 0, s>>>(p);
   MOEX_CUDA_CHECK_LAUNCH(choose_tokens_kernel);
   // The step's one download.
-  MOEX_CUDA_CHECK(cudaMemcpyAsync(ids.data(), out.raw(), size_t(B) * sizeof(int64_t), cudaMemcpyDeviceToHost, s));
+  std::vector<int64_t> all(size_t(nonfinite ? 2 * B : B));
+  MOEX_CUDA_CHECK(cudaMemcpyAsync(all.data(), out.raw(), all.size() * sizeof(int64_t), cudaMemcpyDeviceToHost, s));
   MOEX_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::copy(all.begin(), all.begin() + B, ids.begin());
+  if (nonfinite) nonfinite->assign(all.begin() + B, all.end());
   return ids;
 }
 
