@@ -133,5 +133,25 @@ TEST_F(CliInput, NulInShardNameIsShownEscaped) {
   expect_one_error_line(run("info --model " + dir), "model-00001.safetensors\\x00.evil");
 }
 
+// pad_token_id must be an id of the vocabulary: a string, a float or an id past the vocabulary
+// is one error naming the file and key (it pads the shorter prompts of a batch).
+TEST_F(CliInput, PadTokenIdThatIsNotAnIdIsOneError) {
+  const nlohmann::json base = nlohmann::json::parse(test::read_file(model() + "/config.json"));
+  const int64_t vocab = base.at("vocab_size").get<int64_t>();
+  int i = 0;
+  for (const nlohmann::json& bad : {nlohmann::json("0"), nlohmann::json(1.5), nlohmann::json(-1),
+                                    nlohmann::json(vocab), nlohmann::json::array({"x"})}) {
+    const std::string dir = tmp_ + "/pad" + std::to_string(i++);
+    fs::create_directory(dir);
+    nlohmann::json c = base;
+    c["pad_token_id"] = bad;
+    std::ofstream(dir + "/config.json") << c.dump();
+    fs::create_symlink(model() + "/model.safetensors", dir + "/model.safetensors");
+    SCOPED_TRACE(bad.dump());
+    expect_one_error_line(run("generate --model " + dir + " --prompt-ids '1,2,3;4,5' --max-new-tokens 2"),
+                          "config.json: pad_token_id");
+  }
+}
+
 }  // namespace
 }  // namespace moex

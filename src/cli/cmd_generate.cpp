@@ -66,20 +66,30 @@ std::vector<std::vector<int64_t>> parse_prompts(const std::string& text) {
 // The id that pads shorter prompts, and where it came from: generation_config.json's
 // pad_token_id, else config.json's (or its text_config's), else the first stop token (what
 // transformers' generate falls back to), else 0.
+// A pad_token_id that is present but not an id of the vocabulary (a string, a float, a negative
+// or too large number) is an error naming the file and key, not a silent fallback.
 std::pair<int64_t, std::string> pad_token(const std::string& dir, const CausalLM& lm) {
   auto ckpt = Checkpoint::open(dir);
-  auto read = [](const nlohmann::json& j) -> std::optional<int64_t> {
+  const int64_t vocab = lm.info().vocab_size;
+  auto read = [&](const nlohmann::json& j, const std::string& where) -> std::optional<int64_t> {
     auto it = j.find("pad_token_id");
     if (it == j.end() || it->is_null()) return std::nullopt;
-    if (it->is_number_integer()) return it->get<int64_t>();
-    if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) return (*it)[0].get<int64_t>();
-    return std::nullopt;
+    const nlohmann::json& v = it->is_array() && !it->empty() ? (*it)[0] : *it;
+    if (!v.is_number_integer())
+      throw InvalidInput(dir + "/" + where + ": pad_token_id must be a token id (an integer or a "
+                         "list of them), got " + it->dump());
+    const int64_t id = v.get<int64_t>();
+    if (id < 0 || (vocab > 0 && id >= vocab))
+      throw InvalidInput(dir + "/" + where + ": pad_token_id " + std::to_string(id) +
+                         " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    return id;
   };
-  if (auto id = read(ckpt->generation_config())) return {*id, "generation_config.json pad_token_id"};
+  if (auto id = read(ckpt->generation_config(), "generation_config.json"))
+    return {*id, "generation_config.json pad_token_id"};
   const nlohmann::json& c = ckpt->config();
-  if (auto id = read(c)) return {*id, "config.json pad_token_id"};
+  if (auto id = read(c, "config.json")) return {*id, "config.json pad_token_id"};
   if (auto tc = c.find("text_config"); tc != c.end() && tc->is_object())
-    if (auto id = read(*tc)) return {*id, "config.json text_config.pad_token_id"};
+    if (auto id = read(*tc, "config.json (text_config)")) return {*id, "config.json text_config.pad_token_id"};
   if (!lm.default_eos_token_ids().empty()) return {lm.default_eos_token_ids()[0], "eos_token_id"};
   return {0, "default 0 (no pad_token_id or eos_token_id)"};
 }

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <exception>
 #include <iostream>
+#include <new>
 #include <cstdlib>
 
 #include "cli/args.hpp"
@@ -94,6 +95,12 @@ int main(int argc, char** argv) {
     } catch (const moex::cli::HelpRequested& help) {
       std::fputs(help.what(), stdout);
       return 0;
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr,
+                   "moex %s: error: out of host memory (std::bad_alloc): the model, the batch, the "
+                   "prompt or --max-new-tokens need more memory than this machine can give\n",
+                   name.c_str());
+      return 2;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "moex %s: error: %s\n", name.c_str(), e.what());
       return 2;
