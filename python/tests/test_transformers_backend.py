@@ -49,6 +49,8 @@ def input_ids(model):
 class TransformersBackend(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
         torch.manual_seed(0)
         cls.names = moex.transformers.register()
 
