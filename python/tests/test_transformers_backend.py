@@ -2,7 +2,9 @@
 transformers with experts_implementation="moex_*" against transformers' own grouped_mm (fp32:
 1e-4 relative L2, bf16: a few bf16 units), greedy generate identical, the same under
 torch.compile (one graph: the custom op does not break it), moex.experts_forward on torch
-tensors, and the decode-stage switch. Skips (exit 77) without torch and transformers."""
+tensors, and the decode-stage switch. Skips (exit 77) without torch and transformers.
+MOEX_TEST_DEVICE=cuda runs the models and tensors on the GPU (the moex module must be built with
+CUDA); the default is the CPU."""
 import contextlib
 import os
 import sys
@@ -25,6 +27,7 @@ except ImportError as e:  # CI has neither: every test skips
 import moex  # noqa: E402
 
 BF16_TOL = 4.0 * 2.0 ** -8
+DEVICE = os.environ.get("MOEX_TEST_DEVICE", "cpu")
 needs_torch = unittest.skipIf(torch is None, "torch / transformers not installed")
 
 
@@ -37,12 +40,12 @@ def load(model, impl, kind="fp32"):
     path = os.path.join(_fixtures.HF_TINY, model, f"checkpoint_{kind}")
     cls = AutoModelForImageTextToText if model == "qwen3_vl_moe" else AutoModelForCausalLM
     dtype = torch.float32 if kind == "fp32" else torch.bfloat16
-    return cls.from_pretrained(path, experts_implementation=impl, dtype=dtype).eval()
+    return cls.from_pretrained(path, experts_implementation=impl, dtype=dtype).to(DEVICE).eval()
 
 
 def input_ids(model):
     ref = _fixtures.read_safetensors(os.path.join(_fixtures.HF_TINY, model, "reference.safetensors"))
-    return torch.from_numpy(ref["input_ids"])
+    return torch.from_numpy(ref["input_ids"]).to(DEVICE)
 
 
 @needs_torch
@@ -107,22 +110,22 @@ class TransformersBackend(unittest.TestCase):
     @torch.no_grad()
     def test_experts_forward_on_torch(self):
         w, layout, cases = _fixtures.experts_fixture("gpt_oss")
-        params = {k: torch.nn.Parameter(torch.from_numpy(v)) for k, v in w.items()}  # requires_grad
+        t = lambda a: torch.from_numpy(a).to(DEVICE)  # noqa: E731
+        params = {k: torch.nn.Parameter(t(v)) for k, v in w.items()}  # requires_grad
         for T in (1, 7, 64):
-            h = torch.from_numpy(cases[f"T{T}_hidden"])
-            out = moex.experts_forward(h, torch.from_numpy(cases[f"T{T}_top_k_index"]),
-                                       torch.from_numpy(cases[f"T{T}_top_k_weights"]), **params, **layout)
+            out = moex.experts_forward(t(cases[f"T{T}_hidden"]), t(cases[f"T{T}_top_k_index"]),
+                                       t(cases[f"T{T}_top_k_weights"]), **params, **layout)
             self.assertIsInstance(out, torch.Tensor)
-            self.assertLessEqual(rel_l2(out, torch.from_numpy(cases[f"T{T}_out"])), 1e-5)
-        hb = torch.from_numpy(cases["T7_hidden"]).bfloat16()
+            self.assertEqual(out.device.type, torch.device(DEVICE).type)
+            self.assertLessEqual(rel_l2(out.cpu(), torch.from_numpy(cases[f"T{T}_out"])), 1e-5 if DEVICE == "cpu" else 1e-4)
+        hb = t(cases["T7_hidden"]).bfloat16()
         wb = {k: v.detach().bfloat16() for k, v in params.items()}
-        out = moex.experts_forward(hb, torch.from_numpy(cases["T7_top_k_index"]),
-                                   torch.from_numpy(cases["T7_top_k_weights"]), **wb, **layout)
+        out = moex.experts_forward(hb, t(cases["T7_top_k_index"]), t(cases["T7_top_k_weights"]), **wb, **layout)
         self.assertEqual(out.dtype, torch.bfloat16)
-        self.assertLessEqual(rel_l2(out.float(), torch.from_numpy(cases["T7_out"])), 2e-2)
+        self.assertLessEqual(rel_l2(out.float().cpu(), torch.from_numpy(cases["T7_out"])), 2e-2)
         with self.assertRaisesRegex(ValueError, "hidden must be contiguous"):
-            moex.experts_forward(torch.zeros(7, 256)[:, ::2], torch.from_numpy(cases["T7_top_k_index"]),
-                                 torch.from_numpy(cases["T7_top_k_weights"]), **params, **layout)
+            moex.experts_forward(torch.zeros(7, 256, device=DEVICE)[:, ::2], t(cases["T7_top_k_index"]),
+                                 t(cases["T7_top_k_weights"]), **params, **layout)
 
     def test_prepared_state_follows_weight_changes(self):
         with torch.no_grad():
