@@ -15,6 +15,13 @@ transformers' best. Usage (on the GPU machine):
 
 lab/cuda/side_by_side.sh runs it with the settings of the H200 table in docs/cuda.md.
 
+Rows "transformers + moex" (--py-impls, default moex_grouped_mm,moex_batched_mm): the same
+transformers experts module with experts_implementation set to a moex backend registered by
+moex.transformers.register(), i.e. moex called through the Python path (custom op, zero-copy
+DLPack, torch's current stream). Needs the moex Python module built with CUDA
+(-DMOEX_PYTHON=ON -DMOEX_CUDA=ON, PYTHONPATH=build-cuda/python); each such output is checked
+against transformers' grouped_mm before it is timed. --py-impls '' leaves them out.
+
 transformers' experts modules are all the same gated-SiLU function of (E, k, H, I) for these three
 shapes; the script instantiates Qwen2MoeExperts with each shape's sizes.
 """
@@ -79,6 +86,28 @@ def set_impl(cfg, name):
 _COMPILED = {}
 
 
+def load_moex_python():
+    """moex's Python module with its transformers backends registered; exits with the reason when
+    it cannot time them (not importable, or built without CUDA)."""
+    try:
+        import moex
+        import moex.transformers
+    except ImportError as e:
+        sys.exit("side_by_side.py: the moex Python module is not importable (%s); build it with "
+                 "-DMOEX_PYTHON=ON -DMOEX_CUDA=ON and set PYTHONPATH=<build>/python, or pass "
+                 "--py-impls ''" % e)
+    if not moex.built_with_cuda:
+        sys.exit("side_by_side.py: the moex Python module at %s was built without CUDA; rebuild it "
+                 "with -DMOEX_CUDA=ON -DMOEX_PYTHON=ON, or pass --py-impls ''" % moex.__file__)
+    moex.transformers.register()
+    return moex
+
+
+def rel_l2(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
 def time_hf(torch, do_bench, ex, cfg, impl, compiled, hidden, idx, w, compile_mode="max-autotune", dynamic="static"):
     set_impl(cfg, impl)
     fn = ex.forward
@@ -118,6 +147,8 @@ def main():
     ap.add_argument("--hf-impls", default="eager,batched_mm,grouped_mm",
                     help="transformers backends to time (uncompiled, and compiled unless --compile no)")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--py-impls", default="moex_grouped_mm,moex_batched_mm",
+                    help="moex backends timed inside transformers' experts module (uncompiled); '' = none")
     ap.add_argument("--json-out", default="")
     ap.add_argument("--batched-max-tokens", type=int, default=1 << 30,
                     help="time moex's batched_mm only up to this T (it streams one expert per pair, "
@@ -126,6 +157,9 @@ def main():
     args = ap.parse_args()
     shapes = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
     tokens = [int(t) for t in args.tokens.split(",")]
+    py_impls = [i for i in args.py_impls.split(",") if i]
+    if py_impls:
+        load_moex_python()  # before any timing: a module that cannot run fails the script at once
 
     import torch
     from triton.testing import do_bench
@@ -142,8 +176,8 @@ def main():
         moex_rows = run_moex(args.moex, shape, tokens, "both", "grouped_mm", extra)
         if small:
             moex_rows += run_moex(args.moex, shape, small, "both", "batched_mm", extra)
-        hf = {}
-        if not args.skip_hf:
+        hf, py = {}, {}
+        if not args.skip_hf or py_impls:
             ex, cfg = make_hf_experts(E, H, I, torch)
             expert_bytes = 3 * H * I * 2
             for T in tokens:
@@ -153,7 +187,27 @@ def main():
                 top = scores.topk(k, dim=-1)
                 idx = top.indices
                 w = torch.softmax(top.values, dim=-1).to(torch.float32)
-                for impl in args.hf_impls.split(","):
+                for impl in py_impls:
+                    # Through the Python path; checked against transformers' grouped_mm first.
+                    # Not compiled: the custom op is one graph node, compile adds nothing to it.
+                    if impl == "moex_batched_mm" and T > args.batched_max_tokens:
+                        continue
+                    try:
+                        set_impl(cfg, "grouped_mm")
+                        with torch.no_grad():
+                            ref = ex(hidden, idx, w)
+                        ms, out = time_hf(torch, do_bench, ex, cfg, impl, False, hidden, idx, w)
+                        err = rel_l2(out.float(), ref.float())
+                        if not err <= 2e-2:
+                            print("# py %s T=%d %s: WRONG (rel L2 %.3g vs transformers' grouped_mm), "
+                                  "not reported" % (shape, T, impl, err), flush=True)
+                            continue
+                        py[(T, impl)] = ms
+                        print("# py %s T=%d %s: %.4f ms (rel L2 %.2g)" % (shape, T, impl, ms, err), flush=True)
+                    except Exception as e:
+                        print("# py %s T=%d %s failed: %s" % (shape, T, impl, str(e)[:200]), flush=True)
+                        torch.cuda.empty_cache()
+                for impl in ([] if args.skip_hf else args.hf_impls.split(",")):
                     # batched_mm copies the selected experts' weights per (token, slot).
                     if impl == "batched_mm" and T * k * expert_bytes > 40e9:
                         continue
@@ -176,8 +230,9 @@ def main():
         # One table per shape.
         print("\n### %s (E=%d, k=%d, H=%d, I=%d), bf16\n" % (shape, E, k, H, I))
         print("| T | floor ms | moex batched_mm | moex batched_mm graph | moex grouped_mm | moex grouped_mm graph "
-              "| moex best / floor | transformers best | its ms | speedup |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "| moex best / floor | transformers best | its ms | speedup "
+              "| transformers + moex best | its ms | its speedup |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for T in tokens:
             mr = {(r["backend"], r["graph"]): r for r in moex_rows if r["tokens"] == T}
             if not mr:
@@ -195,11 +250,17 @@ def main():
                 sp = "%.2fx" % (hms / best)
             else:
                 hk, hms, sp = "-", float("nan"), "-"
-            print("| %d | %.4f | %s | %.0f%% | %s | %.4f | %s |" % (
-                T, floor, " | ".join(cells), 100 * floor / best, hk, hms, sp))
+            py_t = {kk: v for (t, kk), v in py.items() if t == T}
+            if py_t:
+                pk = min(py_t, key=py_t.get)
+                pcells = "%s | %.4f | %s" % (pk, py_t[pk], "%.2fx" % (hms / py_t[pk]) if hf_t else "-")
+            else:
+                pcells = "- | - | -"
+            print("| %d | %.4f | %s | %.0f%% | %s | %.4f | %s | %s |" % (
+                T, floor, " | ".join(cells), 100 * floor / best, hk, hms, sp, pcells))
             all_rows.append({"shape": shape, "tokens": T, "floor_ms": floor, "moex": {
                 "%s%s" % (b, " graph" if g else ""): r["ms"] for (b, g), r in mr.items()},
-                "hf": hf_t})
+                "hf": hf_t, "transformers+moex": py_t})
         sys.stdout.flush()
         if args.json_out:  # after every shape: a run cut short keeps what it measured
             with open(args.json_out, "w") as f:

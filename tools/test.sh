@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every test: the Release build's GoogleTest suites (CTest), the same suites built with
+# Every test: the Release build's GoogleTest suites and Python tests (CTest; python/tests, the
+# torch ones skipped where torch is absent), the same GoogleTest suites built with
 # AddressSanitizer + UndefinedBehaviorSanitizer, and short libFuzzer runs of the safetensors
 # header parser, tensor views, config.json (checkpoint and model side), the shard index and
 # tokenizer.json. Exits non-zero on any failure.

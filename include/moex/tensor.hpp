@@ -63,6 +63,15 @@ class Tensor {
   // Copies host values, converting float -> dtype (rounding to nearest even).
   static Tensor from_floats(const std::vector<float>& v, Shape shape, DType dtype = DType::kF32);
   static Tensor from_ints(const std::vector<int64_t>& v, Shape shape, DType dtype = DType::kI64);
+  // Wraps memory that moex does not own (another library's array: numpy, torch, DLPack) without
+  // copying. `data` is the address of element [0, ..., 0]; `strides` are in elements (>= 0: a
+  // reversed view is rejected, copy it first). `release` runs once when the last tensor viewing
+  // the memory is gone (drop the owner's reference there); empty = the caller keeps the memory
+  // alive longer than every view of it. The library never frees `data` itself.
+  // Throws InvalidInput for a rank mismatch, negative sizes or strides, or a null `data` that
+  // should hold elements.
+  static Tensor from_blob(void* data, DType dtype, Shape shape, Shape strides, Device device,
+                          std::function<void()> release = {});
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }

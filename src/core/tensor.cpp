@@ -120,6 +120,28 @@ Tensor Tensor::from_ints(const std::vector<int64_t>& v, Shape shape, DType dtype
   return t;
 }
 
+Tensor Tensor::from_blob(void* data, DType dtype, Shape shape, Shape strides, Device device,
+                         std::function<void()> release) {
+  if (strides.size() != shape.size())
+    throw InvalidInput("from_blob: " + std::to_string(strides.size()) + " strides for shape " +
+                       shape_str(shape));
+  // The storage covers the elements the view can reach: 1 + sum (size - 1) * stride.
+  int64_t extent = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0 || strides[i] < 0)
+      throw InvalidInput("from_blob: negative size or stride in shape " + shape_str(shape) +
+                         ", strides " + shape_str(strides));
+    if (shape[i] == 0) extent = 0;
+    if (extent) extent += (shape[i] - 1) * strides[i];
+  }
+  if (extent && !data) throw InvalidInput("from_blob: null data for shape " + shape_str(shape));
+  std::function<void(void*)> on_free;
+  if (release) on_free = [r = std::move(release)](void*) { r(); };
+  auto storage = std::make_shared<Storage>(data, size_t(extent) * dtype_size(dtype), device,
+                                           std::move(on_free));
+  return Tensor(std::move(storage), 0, dtype, std::move(shape), std::move(strides));
+}
+
 size_t Tensor::nbytes() const { return size_t(numel()) * dtype_size(dtype_); }
 
 bool Tensor::is_contiguous() const {
