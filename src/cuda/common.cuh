@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace moex::cuda {
 
@@ -36,6 +37,21 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   __builtin_memcpy(&ul, &lo, 2);
   __builtin_memcpy(&uh, &hi, 2);
   return uint32_t(ul) | (uint32_t(uh) << 16);
+}
+
+// Eight 16-bit values of one 16-byte load widened to float, two per conversion (the GEMVs'
+// inner loop: weights and activations arrive as uint4).
+template <class T>
+__device__ __forceinline__ void widen8(const uint4& v, float* f) {
+  static_assert(sizeof(T) == 2, "widen8: 16-bit element types");
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 t;
+    if constexpr (std::is_same_v<T, __half>) t = __half22float2(reinterpret_cast<const __half2*>(&v)[i]);
+    else t = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(&v)[i]);
+    f[2 * i] = t.x;
+    f[2 * i + 1] = t.y;
+  }
 }
 
 // Run-time float dtype codes for small side inputs (routing weights): avoids multiplying kernel

@@ -26,13 +26,6 @@ constexpr int kGemvWarps = 8;
 constexpr int kGemvColumns = 4;
 constexpr int kGemvChunk = 256;
 
-template <class T>
-__device__ __forceinline__ void gemv_widen8(const uint4& v, float* f) {
-  const T* h = reinterpret_cast<const T*>(&v);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) f[i] = to_float(h[i]);
-}
-
 template <class T, GemmKind kKind, int kGroups>
 __global__ void __launch_bounds__(kGemvWarps * 32) grouped_gemv_kernel(GemmParams p) {
   // The tiles come from the routing kernel just before: nothing can start before it completes,
@@ -70,13 +63,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32) grouped_gemv_kernel(GemmParam
 #pragma unroll
         for (int c = 0; c < kGemvColumns; ++c) wv[g][c] = __ldg(reinterpret_cast<const uint4*>(wrow[g][c] + k));
       float xf[8];
-      gemv_widen8<T>(__ldg(reinterpret_cast<const uint4*>(a + k)), xf);
+      widen8<T>(__ldg(reinterpret_cast<const uint4*>(a + k)), xf);
 #pragma unroll
       for (int g = 0; g < kGroups; ++g)
 #pragma unroll
         for (int c = 0; c < kGemvColumns; ++c) {
           float wf[8];
-          gemv_widen8<T>(wv[g][c], wf);
+          widen8<T>(wv[g][c], wf);
 #pragma unroll
           for (int i = 0; i < 8; ++i) acc[g][c] = fmaf(xf[i], wf[i], acc[g][c]);
         }

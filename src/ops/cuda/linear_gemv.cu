@@ -38,25 +38,6 @@ constexpr int kWarps = 8;
 constexpr int kColumns = 4;
 constexpr int kChunk = 256;  // K elements one warp reads per column per step
 
-__device__ __forceinline__ void widen8(const uint4& v, const __nv_bfloat16*, float* f) {
-  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 t = __bfloat1622float2(p[i]);
-    f[2 * i] = t.x;
-    f[2 * i + 1] = t.y;
-  }
-}
-__device__ __forceinline__ void widen8(const uint4& v, const __half*, float* f) {
-  const __half2* p = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 t = __half22float2(p[i]);
-    f[2 * i] = t.x;
-    f[2 * i + 1] = t.y;
-  }
-}
-
 // Up to kGemvMaxSegments linears of the same x in one launch (q / k / v; a router beside a
 // shared expert's gate and up): segment i owns blocks [block0, next block0). A single linear is
 // a one-segment launch of the same kernel, so linears() and linear() give the same bits.
@@ -110,12 +91,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (; k < in; k += step) {
     float wf[kColumns][8];
 #pragma unroll
-    for (int c = 0; c < kColumns; ++c) widen8(wv[c], w, wf[c]);
+    for (int c = 0; c < kColumns; ++c) moex::cuda::widen8<T>(wv[c], wf[c]);
     if (k + step < in) load_w(k + step);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float xf[8];
-      widen8(__ldg(reinterpret_cast<const uint4*>(x + m * in + k)), x, xf);
+      moex::cuda::widen8<T>(__ldg(reinterpret_cast<const uint4*>(x + m * in + k)), xf);
 #pragma unroll
       for (int c = 0; c < kColumns; ++c)
 #pragma unroll
