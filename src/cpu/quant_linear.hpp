@@ -25,7 +25,7 @@
 
 namespace moex::cpu {
 
-// y = x W^T + b with W given by `codes` (kF8E4M3 [out, in] or kFP4x2 [out, in / 2]) and `scale`
+// y = x W^T + b with W given by `codes` (kF8E4M3 [out, in] or kI8 [out, in / 2], FP4 pairs) and `scale`
 // [ceil(out / bn), ceil(in / bk)] (kF32 or kF8E8M0) as quant.hpp defines them. x float32
 // [rows, in] contiguous; bias float32 [out] or undefined; the result float32 [rows, out] rounded
 // once to act. Expects validated shapes (the loader checked them).

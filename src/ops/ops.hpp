@@ -204,7 +204,7 @@ void rope2_(Tensor& a, int64_t heads_a, Tensor& b, int64_t heads_b, int64_t head
 // - CUDA: the tensor itself (cuBLASLt reads it in place), nothing packed.
 // - quantized (block-scaled FP8 / FP4 as include/moex/quant.hpp defines them; `quant` set):
 //   `tensor` holds the stored codes as they are (FP8: kF8E4M3 [out, in], one byte per weight;
-//   FP4: kFP4x2 [out, in / 2], two e2m1 codes per byte, low nibble = even column), `scale` the
+//   FP4: kI8 [out, in / 2] as stored, two e2m1 codes per byte, low nibble = even column), `scale` the
 //   block scales [ceil(out / quant.block_n), ceil(in / quant.block_k)] (kF32 or kF8E8M0),
 //   `dtype` the codes' dtype; nothing packed and no full-precision copy. The host runs it with
 //   src/cpu/quant_linear.hpp; a CUDA device refuses it at prepare_quantized_linear.
