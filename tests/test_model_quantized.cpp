@@ -4,7 +4,7 @@
 //   values (logits) and the fixtures' greedy continuation, every CPU experts backend;
 // - kept quantized: logits against transformers with the quant.hpp activation quantization
 //   emulated, and the bytes held equal to the stored bytes;
-// - moex info's per-group report and the CLI's --dequantize;
+// - a sharded copy; moex info's per-group report and the CLI's --dequantize;
 // - every inconsistency of config or tensors a loader must report, on broken copies.
 #include <gtest/gtest.h>
 
@@ -178,6 +178,29 @@ TEST(QuantizedCli, InfoReportsGroupsAndDequantize) {
     const auto h = test::run_cli(std::string(cmd) + " --help", tmp.str());
     EXPECT_NE((h.out + h.err).find("--dequantize"), std::string::npos) << cmd;
   }
+}
+
+// A sharded copy (two shards and an index, scales and their weights in different shards) loads
+// to the same logits as the single file.
+TEST(QuantizedSharded, ShardedCheckpointLoadsTheSame) {
+  const std::string fixture = "deepseek_v3_fp8_ue8m0";
+  test::TempDir d;
+  auto ck = Checkpoint::open(checkpoint_of(fixture));
+  std::map<std::string, Tensor> a, b;
+  nlohmann::json map = nlohmann::json::object();
+  for (const auto& name : ck->names()) {
+    const bool second = name.find("weight_scale_inv") != std::string::npos || name.find("layers.1.") != std::string::npos;
+    (second ? b : a)[name] = ck->get(name);
+    map[name] = second ? "model-00002-of-00002.safetensors" : "model-00001-of-00002.safetensors";
+  }
+  save_safetensors(d.file("model-00001-of-00002.safetensors"), a);
+  save_safetensors(d.file("model-00002-of-00002.safetensors"), b);
+  std::ofstream(d.file("model.safetensors.index.json")) << nlohmann::json{{"weight_map", map}}.dump();
+  std::filesystem::copy_file(checkpoint_of(fixture) + "/config.json", d.file("config.json"));
+  auto ref = reference_of(fixture);
+  const Tensor one = load(checkpoint_of(fixture), "grouped_mm", true)->logits(ref->get("input_ids"));
+  const Tensor sharded = load(d.str(), "grouped_mm", true)->logits(ref->get("input_ids"));
+  EXPECT_EQ(one.to_float_vector(), sharded.to_float_vector());
 }
 
 // ---- broken checkpoints ----
