@@ -48,6 +48,28 @@ float dot_portable(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+float dot_fp8_portable(const float* x, const uint8_t* codes, int64_t n) {
+  float w[quant::kActBlock];
+  float s = 0.f;
+  for (int64_t k0 = 0; k0 < n; k0 += quant::kActBlock) {
+    const int64_t m = std::min(n - k0, quant::kActBlock);
+    decode_fp8_portable(codes + k0, m, w);
+    s += dot_portable(x + k0, w, m);
+  }
+  return s;
+}
+
+float dot_fp4_portable(const float* x, const uint8_t* packed, int64_t n) {
+  float w[quant::kActBlock];
+  float s = 0.f;
+  for (int64_t k0 = 0; k0 < n; k0 += quant::kActBlock) {
+    const int64_t m = std::min(n - k0, quant::kActBlock);
+    decode_fp4_portable(packed + k0 / 2, m, w);
+    s += dot_portable(x + k0, w, m);
+  }
+  return s;
+}
+
 }  // namespace quant_kernels
 
 namespace {
@@ -57,6 +79,8 @@ using namespace quant_kernels;
 // Weight rows decoded together and reused by every row of x: few for decode-sized calls (the
 // scratch stays in L1/L2 while the codes stream), more when many rows share them.
 int64_t tile_rows(int64_t rows) { return rows <= 16 ? 4 : 16; }
+// Rows of x up to which the codes are read directly instead of through a decoded tile.
+constexpr int64_t kDirectRows = 2;
 
 Tensor run(const Tensor& x, const Tensor& codes, const Tensor& scale, const QuantScheme& q, int64_t N,
            int64_t K, const Tensor& bias, DType act, const QuantKernels& kern) {
@@ -96,20 +120,23 @@ Tensor run(const Tensor& x, const Tensor& codes, const Tensor& scale, const Quan
   errors.rethrow();
 
   const int64_t tile = tile_rows(rows);
+  // Decode-sized calls read the codes straight into the products (the weight streams once from
+  // memory with nothing written back); larger ones decode a tile once for all their rows.
+  const bool direct = rows <= kDirectRows;
   const int64_t sub = quant::kActBlock / std::min(q.block_k, quant::kActBlock);  // weight blocks per act block
 #pragma omp parallel if (rows * K * N >= (1 << 15))
   {
     std::vector<float> wf;
     bool ready = false;
     errors.run([&] {
-      wf.resize(size_t(tile * K));
+      wf.resize(direct ? 0 : size_t(tile * K));
       ready = true;
     });
 #pragma omp for schedule(static)
     for (int64_t n0 = 0; n0 < N; n0 += tile) {
       if (!ready) continue;
       const int64_t nt = std::min(tile, N - n0);
-      for (int64_t j = 0; j < nt; ++j) {
+      for (int64_t j = 0; j < nt && !direct; ++j) {
         const uint8_t* src = W + (n0 + j) * row_bytes;
         if (fp4) kern.decode_fp4(src, K, wf.data() + j * K);
         else kern.decode_fp8(src, K, wf.data() + j * K);
@@ -120,6 +147,7 @@ Tensor run(const Tensor& x, const Tensor& codes, const Tensor& scale, const Quan
         for (int64_t j = 0; j < nt; ++j) {
           const int64_t n = n0 + j;
           const float* wr = wf.data() + j * K;
+          const uint8_t* cr = W + n * row_bytes;
           const int64_t srow = (n / q.block_n) * nkb;
           float acc = 0.f;
           for (int64_t b = 0; b < nab; ++b) {
@@ -129,7 +157,10 @@ Tensor run(const Tensor& x, const Tensor& codes, const Tensor& scale, const Quan
               const int64_t a0 = k0 + i * q.block_k;
               if (a0 >= k1) break;
               const int64_t a1 = std::min(k1, a0 + q.block_k);
-              blk += quant::scale_value(S, sdt, srow + a0 / q.block_k) * kern.dot(xr + a0, wr + a0, a1 - a0);
+              const float d = !direct ? kern.dot(xr + a0, wr + a0, a1 - a0)
+                              : fp4 ? kern.dot_fp4(xr + a0, cr + a0 / 2, a1 - a0)
+                                    : kern.dot_fp8(xr + a0, cr + a0, a1 - a0);
+              blk += quant::scale_value(S, sdt, srow + a0 / q.block_k) * d;
             }
             acc += sr[b] * blk;
           }
@@ -144,7 +175,8 @@ Tensor run(const Tensor& x, const Tensor& codes, const Tensor& scale, const Quan
 }
 
 const QuantKernels& portable_kernels() {
-  static const QuantKernels k{decode_fp8_portable, decode_fp4_portable, dot_portable};
+  static const QuantKernels k{decode_fp8_portable, decode_fp4_portable, dot_portable, dot_fp8_portable,
+                              dot_fp4_portable};
   return k;
 }
 

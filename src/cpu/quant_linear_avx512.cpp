@@ -74,10 +74,42 @@ float dot_avx512(const float* a, const float* b, int64_t n) {
   return _mm512_reduce_add_ps(acc);
 }
 
+inline __mmask16 lanes(int64_t n) { return __mmask16((1u << n) - 1); }
+
+float dot_fp8_avx512(const float* x, const uint8_t* codes, int64_t n) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= n; k += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k),
+                           decode16_fp8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k))), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16),
+                           decode16_fp8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k + 16))), acc1);
+  }
+  for (; k < n; k += 16) {
+    const __mmask16 m = n - k >= 16 ? __mmask16(0xffff) : lanes(n - k);
+    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + k), decode16_fp8(_mm_maskz_loadu_epi8(m, codes + k)), acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+float dot_fp4_avx512(const float* x, const uint8_t* packed, int64_t n) {
+  const __m512 lut = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -0.5f, -1.f, -1.5f,
+                                    -2.f, -3.f, -4.f, -6.f);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t k = 0; k < n; k += 16) {
+    const int64_t left = n - k;
+    const __mmask16 m = left >= 16 ? __mmask16(0xffff) : lanes(left);
+    const __m128i bytes = left >= 16 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed + k / 2))
+                                     : _mm_maskz_loadu_epi8(lanes(left / 2), packed + k / 2);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + k), _mm512_permutexvar_ps(nibbles(bytes), lut), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
 }  // namespace
 
 const QuantKernels& avx512_kernels() {
-  static const QuantKernels k{decode_fp8_avx512, decode_fp4_avx512, dot_avx512};
+  static const QuantKernels k{decode_fp8_avx512, decode_fp4_avx512, dot_avx512, dot_fp8_avx512, dot_fp4_avx512};
   return k;
 }
 
