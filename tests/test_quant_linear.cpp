@@ -141,17 +141,21 @@ TEST(QuantLinear, MatchesFloat64ReferenceOnUglyShapes) {
   }
 }
 
+// One row alone (the direct decode path) gives the bits it gets among 7 or 64 (the tiled path).
 TEST(QuantLinear, RowsAreIndependentAndBf16RoundsOnce) {
-  const Case c{QuantScheme::Kind::kFp8E4M3, DType::kF32, 7, 130, 300, true};
-  const Made m = make(c, 77);
-  const ops::LinearWeight w = ops::prepare_quantized_linear(m.codes, m.scale, m.scheme, c.n, c.k);
-  const Tensor all = ops::linear(m.x, w, m.bias, DType::kF32);
-  const Tensor bf = ops::linear(m.x, w, m.bias, DType::kBF16);
-  for (int64_t t = 0; t < c.rows; ++t) {
-    const Tensor one = ops::linear(m.x.slice(0, t, t + 1).contiguous(), w, m.bias, DType::kF32);
-    for (int64_t n = 0; n < c.n; ++n) {
-      ASSERT_EQ(one.data<float>()[n], all.data<float>()[t * c.n + n]) << "row " << t;
-      ASSERT_EQ(bf.data<float>()[t * c.n + n], round_bf16(all.data<float>()[t * c.n + n]));
+  for (const Case& c : {Case{QuantScheme::Kind::kFp8E4M3, DType::kF32, 7, 130, 300, true},
+                        Case{QuantScheme::Kind::kFp8E4M3, DType::kF8E8M0, 64, 19, 1000, false},
+                        Case{QuantScheme::Kind::kFp4E2M1, DType::kF8E8M0, 7, 33, 222, true}}) {
+    const Made m = make(c, 77);
+    const ops::LinearWeight w = ops::prepare_quantized_linear(m.codes, m.scale, m.scheme, c.n, c.k);
+    const Tensor all = ops::linear(m.x, w, m.bias, DType::kF32);
+    const Tensor bf = ops::linear(m.x, w, m.bias, DType::kBF16);
+    for (int64_t t = 0; t < c.rows; ++t) {
+      const Tensor one = ops::linear(m.x.slice(0, t, t + 1).contiguous(), w, m.bias, DType::kF32);
+      for (int64_t n = 0; n < c.n; ++n) {
+        ASSERT_EQ(one.data<float>()[n], all.data<float>()[t * c.n + n]) << "row " << t;
+        ASSERT_EQ(bf.data<float>()[t * c.n + n], round_bf16(all.data<float>()[t * c.n + n]));
+      }
     }
   }
 }

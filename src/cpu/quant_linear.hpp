@@ -9,7 +9,8 @@
 //   weight's K blocks inside activation block b (FP8: bk = 128, one per b; FP4: bk = 32, four),
 //   dot_j is a float32 sum over its block in k order, and the block sums are added in block order.
 //   So a row's result depends on that row only (not on the other rows of the call nor on the
-//   thread count). The AVX-512 path sums each block in 16 lanes, the portable one in 8: the two
+//   thread count; the direct and tiled paths below add in one order). The AVX-512 path sums each
+//   block in 2 x 16 lanes, the portable one in 8: the two
 //   agree to float32 summation-order level, each deterministic on its own.
 // - Work is split over tiles of weight rows (parallel). Calls of 1-2 rows (decode) read the codes
 //   straight into the products (AVX-512: decode 16 codes in registers, FMA; measured 3.4 GB/s of

@@ -63,48 +63,49 @@ void decode_fp4_avx512(const uint8_t* packed, int64_t n, float* out) {
   }
 }
 
-float dot_avx512(const float* a, const float* b, int64_t n) {
-  __m512 acc = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= n; k += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), acc);
-  if (k < n) {
-    const __mmask16 m = __mmask16((1u << (n - k)) - 1);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + k), _mm512_maskz_loadu_ps(m, b + k), acc);
-  }
-  return _mm512_reduce_add_ps(acc);
-}
-
-inline __mmask16 lanes(int64_t n) { return __mmask16((1u << n) - 1); }
-
-float dot_fp8_avx512(const float* x, const uint8_t* codes, int64_t n) {
+// Every dot below sums in the same order (two 16-lane accumulators over 32-wide steps, a masked
+// 16-wide tail into the first, one reduction), so the direct and the tiled paths give the same
+// bits: a row's result does not depend on how many rows share the call.
+template <class Load>
+inline float dot_in_order(const float* x, int64_t n, Load w16) {
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 32 <= n; k += 32) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k),
-                           decode16_fp8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k))), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16),
-                           decode16_fp8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k + 16))), acc1);
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), w16(k, __mmask16(0xffff)), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16), w16(k + 16, __mmask16(0xffff)), acc1);
   }
   for (; k < n; k += 16) {
-    const __mmask16 m = n - k >= 16 ? __mmask16(0xffff) : lanes(n - k);
-    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + k), decode16_fp8(_mm_maskz_loadu_epi8(m, codes + k)), acc0);
+    const __mmask16 m = n - k >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - k)) - 1);
+    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + k), w16(k, m), acc0);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-float dot_fp4_avx512(const float* x, const uint8_t* packed, int64_t n) {
-  const __m512 lut = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -0.5f, -1.f, -1.5f,
-                                    -2.f, -3.f, -4.f, -6.f);
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t k = 0; k < n; k += 16) {
-    const int64_t left = n - k;
-    const __mmask16 m = left >= 16 ? __mmask16(0xffff) : lanes(left);
-    const __m128i bytes = left >= 16 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed + k / 2))
-                                     : _mm_maskz_loadu_epi8(lanes(left / 2), packed + k / 2);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + k), _mm512_permutexvar_ps(nibbles(bytes), lut), acc);
+// Weight loaders of dot_in_order: 16 values from k on, lanes outside `m` zero. (Structs, not
+// lambdas: GCC does not carry the target region into a lambda's call operator.)
+struct FloatWeights {
+  const float* w;
+  __m512 operator()(int64_t k, __mmask16 m) const { return _mm512_maskz_loadu_ps(m, w + k); }
+};
+struct Fp8Weights {
+  const uint8_t* codes;
+  __m512 operator()(int64_t k, __mmask16 m) const { return decode16_fp8(_mm_maskz_loadu_epi8(m, codes + k)); }
+};
+// k is even at every step (steps of 16 from 0), so each step starts on a byte.
+struct Fp4Weights {
+  const uint8_t* packed;
+  __m512 operator()(int64_t k, __mmask16 m) const {
+    const __m512 lut = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -0.5f, -1.f, -1.5f,
+                                      -2.f, -3.f, -4.f, -6.f);
+    const int lanes = __builtin_popcount(unsigned(m));
+    const __mmask16 bytes = __mmask16((1u << ((lanes + 1) / 2)) - 1);  // one byte per two lanes
+    return _mm512_maskz_mov_ps(m, _mm512_permutexvar_ps(nibbles(_mm_maskz_loadu_epi8(bytes, packed + k / 2)), lut));
   }
-  return _mm512_reduce_add_ps(acc);
-}
+};
+
+float dot_avx512(const float* a, const float* b, int64_t n) { return dot_in_order(a, n, FloatWeights{b}); }
+float dot_fp8_avx512(const float* x, const uint8_t* codes, int64_t n) { return dot_in_order(x, n, Fp8Weights{codes}); }
+float dot_fp4_avx512(const float* x, const uint8_t* packed, int64_t n) { return dot_in_order(x, n, Fp4Weights{packed}); }
 
 }  // namespace
 
