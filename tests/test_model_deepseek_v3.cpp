@@ -170,9 +170,11 @@ TEST(DeepseekV3, RejectsBadRouterConfig) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(DeepseekV3, RejectsQuantizedCheckpoint) {
+// Quantized checkpoints load (tests/test_model_quantized.cpp); a quantization method moex does not
+// run is refused at once.
+TEST(DeepseekV3, RejectsUnsupportedQuantizationMethod) {
   const std::string dir = edited_checkpoint("quantized", [](nlohmann::json& c) {
-    c["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+    c["quantization_config"] = {{"quant_method", "awq"}, {"weight_block_size", {128, 128}}};
   });
   EXPECT_THROW(from_pretrained(dir), Unsupported);
   std::filesystem::remove_all(dir);

@@ -30,6 +30,8 @@ class Checkpoint {
   std::string model_type() const;                   // config["model_type"]
 
   bool has(const std::string& name) const;
+  // The file holding `name`: "DIR/<shard>.safetensors" (for messages). Throws as get().
+  std::string file_of(const std::string& name) const;
   std::vector<std::string> names() const;  // sorted
   // The raw tensor as stored (aliasing the mapping). Throws InvalidInput "missing tensor 'x' in DIR".
   Tensor get(const std::string& name) const;

@@ -64,6 +64,12 @@ struct LoadOptions {
   // and the bytes of all of them, as each weight is read, and once more with done == total when
   // the model is built. Empty = no calls.
   std::function<void(int64_t done, int64_t total)> progress;
+  // Block-quantized checkpoints (config quantization_config: FP8 e4m3 / FP4 e2m1 weights with
+  // block scales; docs/loading.md): false keeps every quantized weight as stored (1 byte per FP8
+  // weight, half a byte per FP4 weight, plus scales) and runs quantized linears and experts;
+  // true converts each to `dtype` at load (value x scale in float32, then rounded), after which
+  // the model runs exactly as a checkpoint stored in `dtype`. Ignored for other checkpoints.
+  bool dequantize = false;
 };
 
 // LoadOptions from the strings a user types ("" = the default): dtype "float32" / "bfloat16"
@@ -121,6 +127,19 @@ struct GenerationStats {
   int64_t graph_captures_dropped = 0;  // re-captures after the KV cache grew past its capacity
 };
 
+// The weights of one module group as held in memory (moex info): one entry per group and storage
+// form, e.g. attention's float8_e4m3fn linears and its bfloat16 kv_a_proj_with_mqa apart.
+struct WeightGroupInfo {
+  std::string group;    // "attention", "dense_mlp", "shared_experts", "routed_experts", "router",
+                        // "embeddings", "lm_head"
+  std::string storage;  // what the values are held as: "float8_e4m3fn", "fp4_e2m1 (2 per int8)",
+                        // or a float dtype name ("bfloat16", "float32", ...)
+  std::string block;    // quantized: weight rows x columns per scale ("128x128", "1x32"); else ""
+  std::string scale_format;  // quantized: "float32" or "ue8m0"; else ""
+  int64_t tensors = 0;  // weights (linears, experts modules) in the entry
+  int64_t bytes = 0;    // bytes held: values, packed forms and scales
+};
+
 struct ModelInfo {
   std::string model_type;        // config "model_type"
   std::string architecture;      // config "architectures"[0] when present
@@ -149,6 +168,12 @@ struct ModelInfo {
   int64_t embedding_bytes = 0;
   int64_t kv_bytes_per_token = 0;
   int64_t attention_flops_per_pair = 0;
+  // Whether the checkpoint is block-quantized, and what the load made of it: per module group
+  // the storage dtype, block and scale format and bytes held (filled by architectures that
+  // report their groups; the embeddings, lm_head and routed experts always).
+  bool quantized_checkpoint = false;
+  bool dequantized = false;
+  std::vector<WeightGroupInfo> weight_groups;
 };
 
 // A loaded model. Architectures derive from model::DecoderLM (src/model/architecture.hpp).

@@ -173,7 +173,16 @@ std::vector<Flag> load_flags() {
       {"device", "DEV", "cpu (default), cuda or cuda:I"},
       {"experts-implementation", "SPEC",
        "experts backend: a name (moex backends) or JSON {\"\": B, \"text_config\": B, ...}"},
+      {"dequantize", "", "block-quantized (FP8/FP4) checkpoints: convert every quantized weight to "
+                         "the model dtype at load"},
   };
+}
+
+LoadOptions load_options(const Args& a) {
+  LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
+                                    a.get_or("experts-implementation", ""));
+  o.dequantize = a.has("dequantize");
+  return o;
 }
 
 std::vector<Flag> decode_flags() {

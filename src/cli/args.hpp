@@ -69,6 +69,8 @@ class Args {
 
 // The flags every model-loading command shares, and the decode flags of generate / bench generate.
 std::vector<Flag> load_flags();
+// The LoadOptions those flags give (make_load_options + --dequantize).
+LoadOptions load_options(const Args& a);
 std::vector<Flag> decode_flags();
 // --graph on|off and --decode-switch auto|on|off (moex generate, moex bench generate) into g.
 void apply_decode_flags(const Args& a, moex::GenerationOptions& g);

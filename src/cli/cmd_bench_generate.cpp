@@ -90,8 +90,7 @@ int run_bench_generate(const std::vector<std::string>& argv) {
   }();
   Args a(argv, kUsage);
   const std::string dir = a.require("model");
-  LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
-                                    a.get_or("experts-implementation", ""));
+  LoadOptions o = load_options(a);
   const std::vector<int64_t> batches = a.get_int_list("batch", {1});
   const std::vector<int64_t> prompts = a.get_int_list("prompt-tokens", {128});
   const int64_t new_tokens = a.get_int("new-tokens", 128);

@@ -180,8 +180,7 @@ int run_generate(const std::vector<std::string>& argv) {
     prompts = parse_prompts(a.require("prompt-ids"));
   }
 
-  LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
-                                    a.get_or("experts-implementation", ""));
+  LoadOptions o = load_options(a);
   std::unique_ptr<CausalLM> lm;
   {
     LoadProgress progress(o);

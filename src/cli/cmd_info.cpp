@@ -15,11 +15,12 @@ namespace {
 int run_info(const std::vector<std::string>& argv) {
   static const Usage kUsage{"info", "--model DIR [flags]",
                             "Load a checkpoint and describe it as JSON: architecture, sizes, MoE layers, stop\n"
-                            "tokens, the experts map, and the load's bytes, seconds and GB/s.",
+                            "tokens, the experts map, the weights held per module group (storage dtype,\n"
+                            "block and scale format of quantized weights, bytes) and the load's bytes,\n"
+                            "seconds and GB/s.",
                             load_flags()};
   Args a(argv, kUsage);
-  LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
-                                    a.get_or("experts-implementation", ""));
+  LoadOptions o = load_options(a);
   std::unique_ptr<CausalLM> lm;
   {
     LoadProgress progress(o);
@@ -42,6 +43,20 @@ int run_info(const std::vector<std::string>& argv) {
   j["sub_configs"] = i.sub_configs;
   j["eos_token_ids"] = lm->default_eos_token_ids();
   j["experts_implementation"] = lm->get_experts_implementation();
+  // What the load made of each module group: storage dtype, block and scale format of quantized
+  // weights, and the bytes held.
+  j["quantized_checkpoint"] = i.quantized_checkpoint;
+  j["dequantized"] = i.dequantized;
+  nlohmann::json groups = nlohmann::json::array();
+  for (const WeightGroupInfo& g : i.weight_groups) {
+    nlohmann::json e = {{"group", g.group}, {"storage", g.storage}, {"tensors", g.tensors}, {"bytes", g.bytes}};
+    if (!g.block.empty()) {
+      e["block"] = g.block;
+      e["scale_format"] = g.scale_format;
+    }
+    groups.push_back(e);
+  }
+  j["weights"] = groups;
   // The load: bytes placed on the device, wall time, and the rate (file reads, dtype conversion
   // and host->device copies together).
   j["load"] = {{"weight_bytes", i.weight_bytes},

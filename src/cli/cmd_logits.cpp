@@ -32,8 +32,7 @@ int run_logits(const std::vector<std::string>& argv) {
     throw InvalidInput("'" + inputs + "' has no tensor 'input_ids' (int64 [batch, tokens])");
   Tensor ids = file->get("input_ids");
   Tensor mask = file->contains("attention_mask") ? file->get("attention_mask") : Tensor();
-  LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
-                                    a.get_or("experts-implementation", ""));
+  LoadOptions o = load_options(a);
   auto lm = from_pretrained(dir, o);
   Tensor logits = lm->logits(ids, mask);
   save_safetensors(out, {{"logits", logits}});

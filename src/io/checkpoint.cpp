@@ -126,6 +126,12 @@ std::string Checkpoint::model_type() const {
 
 bool Checkpoint::has(const std::string& name) const { return where_.count(name) != 0; }
 
+std::string Checkpoint::file_of(const std::string& name) const {
+  const auto it = where_.find(name);
+  if (it == where_.end()) throw InvalidInput("missing tensor '" + io::printable(name) + "' in " + dir_);
+  return dir_ + "/" + it->second;
+}
+
 std::vector<std::string> Checkpoint::names() const {
   std::vector<std::string> out;
   out.reserve(where_.size());

@@ -29,7 +29,12 @@
 // The MoE block routes with sigmoid scores plus e_score_correction_bias (bias used for the
 // choice only), group-limited top-k (n_group / topk_group), optional renormalisation and
 // routed_scaling_factor, then calls the registered experts backend and adds the shared experts.
-// The first `first_k_dense_replace` layers use a dense MLP. Exact formulas, tensor names and
+// The first `first_k_dense_replace` layers use a dense MLP.
+//
+// Block-quantized checkpoints (FP8 linears, FP8 or FP4 routed experts; quantized_weights.hpp)
+// load through the same loaders: every linear with a weight_scale_inv stays quantized unless
+// LoadOptions::dequantize. A quantized kv_b_proj has no per-head form, so its layers run the
+// expanded attention at every step (transformers' own arithmetic, one FP8 linear per step). Exact formulas, tensor names and
 // config defaults: docs/arch_deepseek_v3_gpt_oss.md.
 #include <string>
 #include <vector>
@@ -123,7 +128,7 @@ class DeepseekV3LM final : public DecoderLM {
       expected.add_linear(ap + "o_proj", H, o_cols);
       if (l >= first_dense) {
         expected.add_linear(p + "mlp.gate", E, H);
-        expected.add_experts(ckpt, p + "mlp.experts", E, H, moe_inter, {});
+        expected.add_experts(ckpt, p + "mlp.experts", E, H, moe_inter, {}, quant().fp4_experts);
       }
     }
     expected.check(ckpt);
@@ -135,6 +140,7 @@ class DeepseekV3LM final : public DecoderLM {
     set_attention_cost(kv_lora_ + rope_dim_, 2 * heads_ * (kv_lora_ + rope_dim_ + kv_lora_));
 
     const ExpertsSpec spec = gated_experts_spec(E, H, moe_inter, activation);
+    const QuantLoad& q = quant();
 
     layers_.resize(size_t(c.num_layers));
     for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -143,39 +149,48 @@ class DeepseekV3LM final : public DecoderLM {
       MlaWeights& a = L.attn;
       const std::string ap = p + "self_attn.";
       if (q_lora_ > 0) {
-        a.q_a_proj = load_linear(ckpt, ap + "q_a_proj", q_lora_, H, dt, attn_bias, dev);
+        a.q_a_proj = load_linear(ckpt, ap + "q_a_proj", q_lora_, H, dt, attn_bias, dev, false, q);
         a.q_a_norm = load_vector(ckpt, ap + "q_a_layernorm.weight", q_lora_, dt, dev);
-        a.q_b_proj = load_linear(ckpt, ap + "q_b_proj", heads_ * qk_dim_, q_lora_, dt, false, dev);
+        a.q_b_proj = load_linear(ckpt, ap + "q_b_proj", heads_ * qk_dim_, q_lora_, dt, false, dev, false, q);
+        record_weights("attention", {&a.q_a_proj, &a.q_b_proj});
       } else {
-        a.q_proj = load_linear(ckpt, ap + "q_proj", heads_ * qk_dim_, H, dt, false, dev);
+        a.q_proj = load_linear(ckpt, ap + "q_proj", heads_ * qk_dim_, H, dt, false, dev, false, q);
+        record_weights("attention", {&a.q_proj});
       }
-      a.kv_a_proj = load_linear(ckpt, ap + "kv_a_proj_with_mqa", kv_lora_ + rope_dim_, H, dt, attn_bias, dev);
+      a.kv_a_proj = load_linear(ckpt, ap + "kv_a_proj_with_mqa", kv_lora_ + rope_dim_, H, dt, attn_bias, dev, false, q);
       a.kv_a_norm = load_vector(ckpt, ap + "kv_a_layernorm.weight", kv_lora_, dt, dev);
       // The absorbed decode reads kv_b_proj per head (ops::linear_per_group): keep its tensor.
+      // A quantized kv_b_proj has no per-head form: its layer always takes the expanded path.
       a.kv_b_proj = load_linear(ckpt, ap + "kv_b_proj", heads_ * (nope_ + v_dim_), kv_lora_, dt, false, dev,
-                                /*keep_tensor=*/true);
-      a.w_uk = {a.kv_b_proj.weight.tensor, heads_, nope_ + v_dim_, 0, nope_};
-      a.w_uv = {a.kv_b_proj.weight.tensor, heads_, nope_ + v_dim_, nope_, v_dim_};
-      a.o_proj = load_linear(ckpt, ap + "o_proj", H, heads_ * v_dim_, dt, attn_bias, dev);
+                                /*keep_tensor=*/true, q);
+      if (!a.kv_b_proj.weight.quantized()) {
+        a.w_uk = {a.kv_b_proj.weight.tensor, heads_, nope_ + v_dim_, 0, nope_};
+        a.w_uv = {a.kv_b_proj.weight.tensor, heads_, nope_ + v_dim_, nope_, v_dim_};
+      }
+      a.o_proj = load_linear(ckpt, ap + "o_proj", H, heads_ * v_dim_, dt, attn_bias, dev, false, q);
+      record_weights("attention", {&a.kv_a_proj, &a.kv_b_proj, &a.o_proj});
       L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, dt, dev);
       L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, dt, dev);
 
       if (l < first_dense) {
-        L.dense = load_gated_mlp(ckpt, p + "mlp", H, inter, dt, activation, dev);
+        L.dense = load_gated_mlp(ckpt, p + "mlp", H, inter, dt, activation, dev, q);
+        record_mlp("dense_mlp", L.dense);
         continue;
       }
       L.moe = true;
       // The router runs in float32 whatever the model dtype (transformers upcasts it).
-      L.router = load_linear(ckpt, p + "mlp.gate", E, H, DType::kF32, false, dev);
+      L.router = load_linear(ckpt, p + "mlp.gate", E, H, DType::kF32, false, dev, false, q);
+      record_weights("router", {&L.router});
       const std::string bias_name = p + "mlp.gate.e_score_correction_bias";
       L.correction = (ckpt.has(bias_name) ? ckpt.get(bias_name, {E}, DType::kF32)
                                           : Tensor::zeros({E}, DType::kF32)).to(dev);
       if (n_shared > 0) {
-        L.shared = load_gated_mlp(ckpt, p + "mlp.shared_experts", H, moe_inter * n_shared, dt, activation, dev);
+        L.shared = load_gated_mlp(ckpt, p + "mlp.shared_experts", H, moe_inter * n_shared, dt, activation, dev, q);
+        record_mlp("shared_experts", L.shared);
         L.has_shared = true;
       }
       L.experts_index = int64_t(experts_.size());
-      experts_.push_back(load_experts(ckpt, p + "mlp.experts", spec, dt, {}, info_.device));
+      experts_.push_back(load_experts(ckpt, p + "mlp.experts", spec, dt, {}, info_.device, q));
       info_.moe_layers.push_back(l);
     }
     finish_experts(experts_, "", E, router_.top_k, o.experts_implementation);
@@ -211,7 +226,7 @@ class DeepseekV3LM final : public DecoderLM {
     // The compressed cache entry: [c; k_rot], the values being its first kv_lora columns.
     ops::kv_append(kv, ops::concat_columns(latent, k_rot, 1), Tensor(), step);
 
-    const bool absorbed = step.past > 0 && step.tokens <= kAbsorbTokens;
+    const bool absorbed = step.past > 0 && step.tokens <= kAbsorbTokens && !a.kv_b_proj.weight.quantized();
     Tensor o = absorbed ? absorbed_attention(a, q, kv, step) : expanded_attention(a, q, latent, k_rot, kv, step);
     return linear(o, a.o_proj, dt);
   }
@@ -277,10 +292,6 @@ class DeepseekV3LM final : public DecoderLM {
 
 std::unique_ptr<CausalLM> make_deepseek_v3(const Checkpoint& ckpt, const LoadOptions& options) {
   check_model_target(options);
-  // Block-scaled FP8 / FP4 weights would otherwise be read without their scales.
-  if (ckpt.config().contains("quantization_config") && !ckpt.config()["quantization_config"].is_null())
-    throw Unsupported(ckpt.dir() + "/config.json: quantized DeepSeek-V3 checkpoints (quantization_config) "
-                      "are not supported by the deepseek_v3 architecture yet; use a bf16/fp32 checkpoint");
   return std::make_unique<DeepseekV3LM>(ckpt, options);
 }
 

@@ -73,15 +73,15 @@ class GptOssLM final : public DecoderLM {
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const std::string p = prefix() + "layers." + std::to_string(l) + ".";
       GptOssLayer& L = layers_[size_t(l)];
-      L.q_proj = load_linear(ckpt, p + "self_attn.q_proj", heads_ * head_dim_, H, dt, bias, dev);
-      L.k_proj = load_linear(ckpt, p + "self_attn.k_proj", kv_heads_ * head_dim_, H, dt, bias, dev);
-      L.v_proj = load_linear(ckpt, p + "self_attn.v_proj", kv_heads_ * head_dim_, H, dt, bias, dev);
-      L.o_proj = load_linear(ckpt, p + "self_attn.o_proj", H, heads_ * head_dim_, dt, bias, dev);
+      L.q_proj = load_linear(ckpt, p + "self_attn.q_proj", heads_ * head_dim_, H, dt, bias, dev, false, quant());
+      L.k_proj = load_linear(ckpt, p + "self_attn.k_proj", kv_heads_ * head_dim_, H, dt, bias, dev, false, quant());
+      L.v_proj = load_linear(ckpt, p + "self_attn.v_proj", kv_heads_ * head_dim_, H, dt, bias, dev, false, quant());
+      L.o_proj = load_linear(ckpt, p + "self_attn.o_proj", H, heads_ * head_dim_, dt, bias, dev, false, quant());
       L.sinks = load_vector(ckpt, p + "self_attn.sinks", heads_, DType::kF32, dev);
       // gpt-oss keeps its norm weights in float32 (_keep_in_fp32_modules).
       L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, DType::kF32, dev);
       L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, DType::kF32, dev);
-      L.router = load_linear(ckpt, p + "mlp.router", E, H, dt, /*bias=*/true, dev);
+      L.router = load_linear(ckpt, p + "mlp.router", E, H, dt, /*bias=*/true, dev, false, quant());
       L.sliding_window = sliding[size_t(l)] ? window : 0;
       experts_.push_back(experts_to(load_gpt_oss_experts(ckpt, p + "mlp.experts", E, H, I, dt, limit, kAlpha), info_.device));
       info_.moe_layers.push_back(l);

@@ -90,6 +90,7 @@ class DecoderLM : public CausalLM {
     for (const Experts& e : modules) {
       register_experts_module(key, &e);
       info_.experts_weight_bytes += e.stored_weights().nbytes();
+      record_experts("routed_experts", e);
     }
     info_.num_experts = num_experts;
     info_.experts_per_token = top_k;
@@ -109,6 +110,21 @@ class DecoderLM : public CausalLM {
     info_.attention_flops_per_pair = cfg_.num_layers * pair_flops;
   }
 
+  // ModelInfo::weight_groups: adds a weight of module group `group` (attention, dense_mlp,
+  // shared_experts, router, ...) as held in memory. The constructor records the embeddings and
+  // the lm_head, finish_experts the routed experts; architectures record the rest.
+  void record_weights(const std::string& group, const ops::LinearWeight& w);
+  void record_weights(const std::string& group, const Tensor& t);
+  void record_experts(const std::string& group, const Experts& e);
+  void record_weights(const std::string& group, std::initializer_list<const Linear*> ls) {
+    for (const Linear* l : ls) record_weights(group, l->weight);
+  }
+  void record_mlp(const std::string& group, const GatedMlp& m) {
+    record_weights(group, {&m.gate, &m.up, &m.down});
+  }
+  // How this checkpoint's quantized weights load (quantized_weights.hpp); pass it to the loaders.
+  const QuantLoad& quant() const { return quant_; }
+
   const DecoderConfig& cfg() const { return cfg_; }
   DType act() const { return info_.dtype; }
   const std::string& prefix() const { return prefix_; }  // "model." or "model.language_model."
@@ -116,7 +132,10 @@ class DecoderLM : public CausalLM {
   Tensor forward(Step& step, KVCache& cache, bool last_only) final;
 
  private:
+  void record_group(WeightGroupInfo entry);
+
   DecoderConfig cfg_;
+  QuantLoad quant_;
   std::string prefix_;
   Tensor embed_, final_norm_;
   ops::LinearWeight lm_head_;  // prepared once (packed on the host)

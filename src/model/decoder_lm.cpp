@@ -134,15 +134,27 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
     throw InvalidInput(cfg_.where + ": num_hidden_layers is " + std::to_string(cfg_.num_layers) +
                        ", but the checkpoint has no tensor '" + last + "'");
   for (const auto& name : ckpt.names()) info_.parameter_count += shape_numel(ckpt.get(name).shape());
+  quant_ = parse_quant_load(ckpt, options.dequantize);
+  info_.quantized_checkpoint = quant_.quantized;
+  info_.dequantized = quant_.quantized && quant_.dequantize;
 
   const DType dt = info_.dtype;
   const Device dev = info_.device;
   // The weights this model places on its device: every tensor of the language model (its prefix
   // and lm_head) in the model dtype. Checked against the device's free memory before anything
   // is allocated there.
-  for (const auto& name : ckpt.names())
-    if (name.rfind(prefix_, 0) == 0 || name == "lm_head.weight")
-      info_.weight_bytes += shape_numel(ckpt.get(name).shape()) * int64_t(dtype_size(dt));
+  // Quantized weights and their scales count at their stored size, or, dequantized, at the
+  // model dtype's (scales then vanish; an int8 FP4 byte holds two weights).
+  for (const auto& name : ckpt.names()) {
+    if (name.rfind(prefix_, 0) != 0 && name != "lm_head.weight" && name != "lm_head.weight_scale_inv") continue;
+    const Tensor t = ckpt.get(name);
+    const bool scale = name.size() > 17 && name.compare(name.size() - 17, 17, ".weight_scale_inv") == 0;
+    const bool codes = quant_.quantized && (t.dtype() == DType::kF8E4M3 || t.dtype() == DType::kI8);
+    if (quant_.quantized && !quant_.dequantize && (scale || codes)) info_.weight_bytes += int64_t(t.nbytes());
+    else if (!scale)
+      info_.weight_bytes += shape_numel(t.shape()) * (t.dtype() == DType::kI8 && codes ? 2 : 1) *
+                            int64_t(dtype_size(dt));
+  }
   if (dev.is_cuda()) {
     const size_t free = detail::device_free_bytes(dev);
     if (size_t(info_.weight_bytes) > free) {
@@ -156,19 +168,25 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
                         " GB are free; use a smaller dtype, another device or --device cpu");
     }
   }
+  if (is_quantized_weight(ckpt, prefix_ + "embed_tokens"))
+    throw Unsupported("tensor '" + prefix_ + "embed_tokens.weight_scale_inv' in " + ckpt.dir() +
+                      ": quantized embeddings are not supported");
   embed_ = ckpt.get(prefix_ + "embed_tokens.weight", {cfg_.vocab_size, cfg_.hidden_size}, dt).to(dev);
   final_norm_ = ckpt.get(prefix_ + "norm.weight", {cfg_.hidden_size}, dt).to(dev);
-  Tensor head;
-  if (ckpt.has("lm_head.weight"))
-    head = ckpt.get("lm_head.weight", {cfg_.vocab_size, cfg_.hidden_size}, dt).to(dev);
-  else if (cfg_.tie_word_embeddings || parse_decoder_flag(top, "tie_word_embeddings", ckpt.dir() + "/config.json"))
-    head = embed_;
-  else
-    head = ckpt.get("lm_head.weight");  // throws "missing tensor 'lm_head.weight' in DIR"
-  if (head.raw() != embed_.raw()) info_.embedding_bytes = int64_t(embed_.nbytes());
-  // A tied head shares the table embedding() reads: preparing it keeps the table (embed_ holds
-  // it; a mapped table only gives its resident pages back).
-  lm_head_ = ops::prepare_linear(head);
+  if (ckpt.has("lm_head.weight")) {
+    // An lm_head of its own may be block-quantized like any linear.
+    lm_head_ = load_linear_weight(ckpt, "lm_head", cfg_.vocab_size, cfg_.hidden_size, dt, dev, false, quant_);
+    info_.embedding_bytes = int64_t(embed_.nbytes());
+  } else if (cfg_.tie_word_embeddings ||
+             parse_decoder_flag(top, "tie_word_embeddings", ckpt.dir() + "/config.json")) {
+    // A tied head shares the table embedding() reads: preparing it keeps the table (embed_ holds
+    // it; a mapped table only gives its resident pages back).
+    lm_head_ = ops::prepare_linear(embed_);
+  } else {
+    ckpt.get("lm_head.weight");  // throws "missing tensor 'lm_head.weight' in DIR"
+  }
+  record_weights("embeddings", embed_);
+  record_weights("lm_head", lm_head_);
 
   // Stop tokens: generation_config.json first, then config.json (int or list; null = none).
   // Any other type is an error: ignoring it would generate past the stop token silently.
@@ -189,6 +207,52 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
   if (!read_eos(ckpt.generation_config(), ckpt.dir() + "/generation_config.json", eos_) &&
       !read_eos(top, cfg_file, eos_))
     read_eos(text_config, cfg_.where, eos_);
+}
+
+namespace {
+
+std::string scale_format(DType scale_dtype) { return scale_dtype == DType::kF8E8M0 ? "ue8m0" : "float32"; }
+
+std::string quant_storage(const QuantScheme& q) {
+  return q.kind == QuantScheme::Kind::kFp4E2M1 ? "fp4_e2m1 (2 per int8)" : "float8_e4m3fn";
+}
+
+}  // namespace
+
+void DecoderLM::record_group(WeightGroupInfo entry) {
+  for (WeightGroupInfo& g : info_.weight_groups)
+    if (g.group == entry.group && g.storage == entry.storage && g.block == entry.block &&
+        g.scale_format == entry.scale_format) {
+      g.tensors += entry.tensors;
+      g.bytes += entry.bytes;
+      return;
+    }
+  info_.weight_groups.push_back(std::move(entry));
+}
+
+void DecoderLM::record_weights(const std::string& group, const ops::LinearWeight& w) {
+  WeightGroupInfo g{group, std::string(dtype_name(w.dtype)), "", "", 1, w.nbytes()};
+  if (w.quantized()) {
+    g.storage = quant_storage(w.quant);
+    g.block = std::to_string(w.quant.block_n) + "x" + std::to_string(w.quant.block_k);
+    g.scale_format = scale_format(w.quant.scale_dtype);
+  }
+  record_group(std::move(g));
+}
+
+void DecoderLM::record_weights(const std::string& group, const Tensor& t) {
+  record_group({group, std::string(dtype_name(t.dtype())), "", "", 1, int64_t(t.nbytes())});
+}
+
+void DecoderLM::record_experts(const std::string& group, const Experts& e) {
+  const QuantScheme& q = e.spec().quant;
+  WeightGroupInfo g{group, std::string(dtype_name(e.dtype())), "", "", 1, e.stored_weights().nbytes()};
+  if (q.quantized()) {
+    g.storage = quant_storage(q);
+    g.block = std::to_string(q.block_n) + "x" + std::to_string(q.block_k);
+    g.scale_format = scale_format(q.scale_dtype);
+  }
+  record_group(std::move(g));
 }
 
 std::vector<bool> DecoderLM::sliding_layers(bool (*fallback)(int64_t layer)) const {

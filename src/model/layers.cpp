@@ -25,7 +25,8 @@ int64_t ExpectedShapes::mul(int64_t a, int64_t b, const char* what) const {
 }
 
 void ExpectedShapes::add_experts(const Checkpoint& ckpt, const std::string& prefix, int64_t num_experts,
-                                 int64_t hidden, int64_t intermediate, const ExpertNames& names) {
+                                 int64_t hidden, int64_t intermediate, const ExpertNames& names,
+                                 bool fp4_packed) {
   if (ckpt.has(prefix + ".gate_up_proj")) {
     add(prefix + ".gate_up_proj", {num_experts, mul(2, intermediate, "2 x intermediate size"), hidden});
     add(prefix + ".down_proj", {num_experts, hidden, intermediate});
@@ -33,9 +34,12 @@ void ExpectedShapes::add_experts(const Checkpoint& ckpt, const std::string& pref
   }
   for (int64_t e = 0; e < num_experts; ++e) {
     const std::string p = prefix + "." + std::to_string(e) + ".";
-    add(p + names.gate + names.suffix, {intermediate, hidden});
-    add(p + names.up + names.suffix, {intermediate, hidden});
-    add(p + names.down + names.suffix, {hidden, intermediate});
+    // FP4 with an odd K is reported by the loader, which names the tensor and the reason.
+    const int64_t h = fp4_packed ? hidden / 2 : hidden, i = fp4_packed ? intermediate / 2 : intermediate;
+    if (fp4_packed && (hidden % 2 || intermediate % 2)) return;
+    add(p + names.gate + names.suffix, {intermediate, h});
+    add(p + names.up + names.suffix, {intermediate, h});
+    add(p + names.down + names.suffix, {hidden, i});
     // A missing expert stops the listing: check() reports it without listing every later one.
     if (!ckpt.has(p + names.gate + names.suffix)) return;
   }
@@ -56,9 +60,9 @@ void ExpectedShapes::check(const Checkpoint& ckpt) const {
 // ---- linear ----
 
 Linear load_linear(const Checkpoint& ckpt, const std::string& name, int64_t out, int64_t in,
-                   DType dtype, bool bias, Device device, bool keep_tensor) {
+                   DType dtype, bool bias, Device device, bool keep_tensor, const QuantLoad& quant) {
   Linear l;
-  l.weight = ops::prepare_linear(ckpt.get(name + ".weight", {out, in}, dtype).to(device), keep_tensor);
+  l.weight = load_linear_weight(ckpt, name, out, in, dtype, device, keep_tensor, quant);
   // Biases hold `dtype` values (rounded like the weights): float32 on the host (the host ops'
   // activation storage), `dtype` on a device (what the cuBLASLt epilogue adds).
   if (bias) {
@@ -215,11 +219,12 @@ Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, LayerKV& kv, co
 // ---- MLP / MoE ----
 
 GatedMlp load_gated_mlp(const Checkpoint& ckpt, const std::string& prefix, int64_t hidden,
-                        int64_t intermediate, DType dtype, Activation activation, Device device) {
+                        int64_t intermediate, DType dtype, Activation activation, Device device,
+                        const QuantLoad& quant) {
   GatedMlp m;
-  m.gate = load_linear(ckpt, prefix + ".gate_proj", intermediate, hidden, dtype, false, device);
-  m.up = load_linear(ckpt, prefix + ".up_proj", intermediate, hidden, dtype, false, device);
-  m.down = load_linear(ckpt, prefix + ".down_proj", hidden, intermediate, dtype, false, device);
+  m.gate = load_linear(ckpt, prefix + ".gate_proj", intermediate, hidden, dtype, false, device, false, quant);
+  m.up = load_linear(ckpt, prefix + ".up_proj", intermediate, hidden, dtype, false, device, false, quant);
+  m.down = load_linear(ckpt, prefix + ".down_proj", hidden, intermediate, dtype, false, device, false, quant);
   m.activation = activation;
   return m;
 }
@@ -243,17 +248,80 @@ ExpertsSpec gated_experts_spec(int64_t num_experts, int64_t hidden, int64_t inte
   return spec;
 }
 
+// Quantized experts kept as stored: each expert's codes and scales copied into their slices of
+// the fused tensors (quant.hpp's layout), built on the host and then copied to `device`.
+static Experts load_quantized_experts(const Checkpoint& ckpt, const std::string& prefix, ExpertsSpec spec,
+                                      const ExpertNames& names, Device device, bool fp4) {
+  const int64_t E = spec.num_experts, H = spec.hidden, I = spec.intermediate;
+  const std::string base = names.suffix.substr(0, names.suffix.rfind(".weight"));  // "" for ".weight"
+  auto read = [&](int64_t e, const std::string& proj, int64_t n, int64_t k) {
+    return read_quantized(ckpt, prefix + "." + std::to_string(e) + "." + proj + base, n, k, fp4);
+  };
+  ExpertsWeights w;
+  for (int64_t e = 0; e < E; ++e) {
+    const QuantizedTensor g = read(e, names.gate, I, H), u = read(e, names.up, I, H), d = read(e, names.down, H, I);
+    if (e == 0) {
+      spec.quant = g.scheme;
+      w.gate_up = Tensor::empty({E, 2 * g.codes.size(0), g.codes.size(1)}, g.codes.dtype());
+      w.gate_up_scale = Tensor::empty({E, 2 * g.scale.size(0), g.scale.size(1)}, g.scale.dtype());
+      w.down = Tensor::empty({E, d.codes.size(0), d.codes.size(1)}, d.codes.dtype());
+      w.down_scale = Tensor::empty({E, d.scale.size(0), d.scale.size(1)}, d.scale.dtype());
+    }
+    // One scale dtype per module (the backends read one): a checkpoint mixing them is inconsistent.
+    for (const QuantizedTensor* q : {&g, &u, &d})
+      if (q->scale.dtype() != spec.quant.scale_dtype)
+        throw InvalidInput("experts '" + prefix + "' in " + ckpt.dir() + ": expert " + std::to_string(e) +
+                           " has " + std::string(dtype_name(q->scale.dtype())) + " scales, expert 0 " +
+                           std::string(dtype_name(spec.quant.scale_dtype)));
+    auto put = [](Tensor& dst, int64_t e, int64_t half, const Tensor& src) {
+      const Tensor c = src.contiguous();
+      std::memcpy(static_cast<char*>(dst.raw()) + (e * (dst.nbytes() / size_t(dst.size(0)))) + half * c.nbytes(),
+                  c.raw(), c.nbytes());
+      c.release_file_pages();
+    };
+    put(w.gate_up, e, 0, g.codes);
+    put(w.gate_up, e, 1, u.codes);
+    put(w.gate_up_scale, e, 0, g.scale);
+    put(w.gate_up_scale, e, 1, u.scale);
+    put(w.down, e, 0, d.codes);
+    put(w.down_scale, e, 0, d.scale);
+  }
+  if (!device.host_accessible())
+    for (Tensor* t : {&w.gate_up, &w.gate_up_scale, &w.down, &w.down_scale}) *t = t->to(device);
+  return Experts(spec, std::move(w));
+}
+
 Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const ExpertsSpec& spec,
-                     DType dtype, const ExpertNames& names, Device device) {
+                     DType dtype, const ExpertNames& names, Device device, const QuantLoad& quant) {
   const int64_t E = spec.num_experts, H = spec.hidden, I = spec.intermediate;
   ExpertsWeights w;
+  const std::string first = prefix + ".0." + names.gate + names.suffix.substr(0, names.suffix.rfind(".weight"));
+  const bool quantized = !ckpt.has(prefix + ".gate_up_proj") && is_quantized_weight(ckpt, first);
+  if (quantized && !quant.quantized)
+    throw InvalidInput("tensor '" + first + ".weight_scale_inv' in " + ckpt.dir() +
+                       " is a block scale, but its config.json has no quantization_config");
+  if (quantized && !quant.dequantize)
+    return load_quantized_experts(ckpt, prefix, spec, names, device, quant.fp4_experts);
   if (ckpt.has(prefix + ".gate_up_proj")) {
+    if (!is_floating(ckpt.get(prefix + ".gate_up_proj").dtype()) ||
+        ckpt.get(prefix + ".gate_up_proj").dtype() == DType::kF8E4M3)
+      throw Unsupported("tensor '" + prefix + ".gate_up_proj' in " + ckpt.file_of(prefix + ".gate_up_proj") +
+                        " is " + std::string(dtype_name(ckpt.get(prefix + ".gate_up_proj").dtype())) +
+                        ": fused quantized experts are not a supported checkpoint layout");
     w.gate_up = ckpt.get(prefix + ".gate_up_proj", {E, 2 * I, H}, dtype).to(device);
     w.down = ckpt.get(prefix + ".down_proj", {E, H, I}, dtype).to(device);
     return Experts(spec, std::move(w));
   }
   const auto expert_tensor = [&](int64_t e, const std::string& proj, Shape shape) {
-    return ckpt.get(prefix + "." + std::to_string(e) + "." + proj + names.suffix, shape, dtype);
+    const std::string name = prefix + "." + std::to_string(e) + "." + proj + names.suffix;
+    if (quantized)  // dequantized at load: value x scale in float32, rounded to dtype
+      return dequantize(read_quantized(ckpt, name.substr(0, name.rfind(".weight")), shape[0], shape[1],
+                                       quant.fp4_experts), dtype);
+    // Stored codes without their scale would be read as bare values.
+    const DType stored = ckpt.has(name) ? ckpt.get(name).dtype() : dtype;
+    if (stored == DType::kF8E4M3 || stored == DType::kI8)
+      read_quantized(ckpt, name.substr(0, name.rfind(".weight")), shape[0], shape[1], stored == DType::kI8);
+    return ckpt.get(name, shape, dtype);
   };
   if (device.host_accessible()) {
     // On the host the experts keep the hub's per-expert tensors as they are: views into the
@@ -288,10 +356,9 @@ Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const Ex
     }
   };
   for (int64_t e = 0; e < E; ++e) {
-    const std::string p = prefix + "." + std::to_string(e) + ".";
-    put(gu + size_t(e * 2 * I * H) * es, ckpt.get(p + names.gate + names.suffix, {I, H}, dtype));
-    put(gu + size_t((e * 2 + 1) * I * H) * es, ckpt.get(p + names.up + names.suffix, {I, H}, dtype));
-    put(dn + size_t(e * H * I) * es, ckpt.get(p + names.down + names.suffix, {H, I}, dtype));
+    put(gu + size_t(e * 2 * I * H) * es, expert_tensor(e, names.gate, {I, H}));
+    put(gu + size_t((e * 2 + 1) * I * H) * es, expert_tensor(e, names.up, {I, H}));
+    put(dn + size_t(e * H * I) * es, expert_tensor(e, names.down, {H, I}));
   }
   return Experts(spec, std::move(w));
 }

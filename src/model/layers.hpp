@@ -14,6 +14,7 @@
 
 #include "moex/checkpoint.hpp"
 #include "moex/experts.hpp"
+#include "model/quantized_weights.hpp"
 #include "moex/tensor.hpp"
 #include "ops/ops.hpp"
 
@@ -46,9 +47,12 @@ struct Linear {
 // onto `device`, and prepares it there (ops::prepare_linear: packed on the host, the tensor
 // itself on a CUDA device, whose copy replaces the host's). keep_tensor: weight.tensor stays
 // defined on the host too (for callers that also read the unpacked weight).
+// A weight with a `weight_scale_inv` is block-quantized (quantized_weights.hpp): kept as stored
+// (weight.quantized()) unless quant.dequantize; the default QuantLoad (no quantization_config)
+// makes such a weight an InvalidInput.
 Linear load_linear(const Checkpoint& ckpt, const std::string& name, int64_t out, int64_t in,
                    DType dtype, bool bias = false, Device device = Device::cpu(),
-                   bool keep_tensor = false);
+                   bool keep_tensor = false, const QuantLoad& quant = QuantLoad());
 // ops::linear with the layer's weight and bias.
 inline Tensor linear(const Tensor& x, const Linear& l, DType act) {
   return ops::linear(x, l.weight, l.bias, act);
@@ -91,7 +95,7 @@ struct GatedMlp {
 // Loads `<prefix>.gate_proj`, `.up_proj`, `.down_proj` (no biases).
 GatedMlp load_gated_mlp(const Checkpoint& ckpt, const std::string& prefix, int64_t hidden,
                         int64_t intermediate, DType dtype, Activation activation,
-                        Device device = Device::cpu());
+                        Device device = Device::cpu(), const QuantLoad& quant = QuantLoad());
 Tensor gated_mlp(const Tensor& x, const GatedMlp& mlp, DType act);
 // The rest of gated_mlp once gate(x) and up(x) are computed (e.g. by linears() beside others):
 // `gate` is overwritten with the rounded intermediate.
@@ -120,8 +124,10 @@ struct ExpectedShapes {
   void add_linear(const std::string& name, int64_t out, int64_t in) { add(name + ".weight", {out, in}); }
   // The experts of one MoE layer as load_experts reads them: fused `<prefix>.gate_up_proj` +
   // `<prefix>.down_proj` when present, else every expert's gate / up / down.
+  // fp4_packed: FP4 experts (two values per byte along K: the stored last dimension is halved).
   void add_experts(const Checkpoint& ckpt, const std::string& prefix, int64_t num_experts,
-                   int64_t hidden, int64_t intermediate, const ExpertNames& names);
+                   int64_t hidden, int64_t intermediate, const ExpertNames& names,
+                   bool fp4_packed = false);
   // Throws InvalidInput "tensor 'x' in DIR has shape [..], expected [..] (from DIR/config.json)"
   // or "missing tensor 'x'" for the first disagreement.
   void check(const Checkpoint& ckpt) const;
@@ -141,8 +147,15 @@ struct ExpectedShapes {
 // read them in place and no fused copy exists unless a backend that needs one is used. On a
 // CUDA device they are copied straight into their slices of the fused device tensors (no fused
 // host copy).
+// Block-quantized experts (each expert's weights with a `weight_scale_inv`): with
+// quant.dequantize they are dequantized to `dtype` and held as above; otherwise they stay as
+// stored, fused as include/moex/quant.hpp lays them out (FP8: gate_up [E, 2I, H] float8_e4m3fn,
+// gate_up_scale [E, 2 ceil(I/128), ceil(H/128)] with gate's scale rows then up's, down [E, H, I],
+// down_scale [E, ceil(H/128), ceil(I/128)]; FP4: int8 [E, 2I, H/2] / [E, H, I/2] with UE8M0
+// scales [E, 2I, H/32] / [E, H, I/32]) and the spec's `quant` set.
 Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const ExpertsSpec& spec,
-                     DType dtype, const ExpertNames& names = {}, Device device = Device::cpu());
+                     DType dtype, const ExpertNames& names = {}, Device device = Device::cpu(),
+                     const QuantLoad& quant = QuantLoad());
 // The same experts with their weights copied to `device` (unchanged when already there or when
 // `device` is the host).
 Experts experts_to(const Experts& experts, Device device);

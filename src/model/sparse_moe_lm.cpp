@@ -69,7 +69,7 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
     if (moe[size_t(l)]) {
       const std::string m = p + flags_.moe_block;
       expected.add_linear(m + ".gate", num_experts_, H);
-      expected.add_experts(ckpt, m + ".experts", num_experts_, H, moe_I, flags_.expert_names);
+      expected.add_experts(ckpt, m + ".experts", num_experts_, H, moe_I, flags_.expert_names, quant().fp4_experts);
     }
   }
   expected.check(ckpt);
@@ -86,10 +86,11 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
     const std::string p = prefix() + "layers." + std::to_string(l) + ".";
     L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, dt, dev);
     L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, dt, dev);
-    L.q = load_linear(ckpt, p + "self_attn.q_proj", c.num_heads * hd, H, dt, qkv_bias, dev);
-    L.k = load_linear(ckpt, p + "self_attn.k_proj", c.num_kv_heads * hd, H, dt, qkv_bias, dev);
-    L.v = load_linear(ckpt, p + "self_attn.v_proj", c.num_kv_heads * hd, H, dt, qkv_bias, dev);
-    L.o = load_linear(ckpt, p + "self_attn.o_proj", H, c.num_heads * hd, dt, o_bias, dev);
+    L.q = load_linear(ckpt, p + "self_attn.q_proj", c.num_heads * hd, H, dt, qkv_bias, dev, false, quant());
+    L.k = load_linear(ckpt, p + "self_attn.k_proj", c.num_kv_heads * hd, H, dt, qkv_bias, dev, false, quant());
+    L.v = load_linear(ckpt, p + "self_attn.v_proj", c.num_kv_heads * hd, H, dt, qkv_bias, dev, false, quant());
+    L.o = load_linear(ckpt, p + "self_attn.o_proj", H, c.num_heads * hd, dt, o_bias, dev, false, quant());
+    record_weights("attention", {&L.q, &L.k, &L.v, &L.o});
     if (flags_.qk_norm == SparseMoeFlags::QkNorm::kPerHead) {
       L.q_norm = load_vector(ckpt, p + "self_attn.q_norm.weight", hd, dt, dev);
       L.k_norm = load_vector(ckpt, p + "self_attn.k_norm.weight", hd, dt, dev);
@@ -103,17 +104,21 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
     L.moe = moe[size_t(l)];
     const std::string m = p + flags_.moe_block;
     if (L.moe) {
-      L.router = load_linear(ckpt, m + ".gate", num_experts_, H, dt, false, dev);
-      experts_.push_back(load_experts(ckpt, m + ".experts", spec, dt, flags_.expert_names, info_.device));
+      L.router = load_linear(ckpt, m + ".gate", num_experts_, H, dt, false, dev, false, quant());
+      experts_.push_back(load_experts(ckpt, m + ".experts", spec, dt, flags_.expert_names, info_.device, quant()));
       L.experts = &experts_.back();
       if (flags_.shared_expert) {
         L.shared = load_gated_mlp(ckpt, m + ".shared_expert", H,
-                                  c.get_int("shared_expert_intermediate_size"), dt, act_fn, dev);
-        L.shared_gate = load_linear(ckpt, m + ".shared_expert_gate", 1, H, dt, false, dev);
+                                  c.get_int("shared_expert_intermediate_size"), dt, act_fn, dev, quant());
+        L.shared_gate = load_linear(ckpt, m + ".shared_expert_gate", 1, H, dt, false, dev, false, quant());
+        record_mlp("shared_experts", L.shared);
+        record_weights("shared_experts", {&L.shared_gate});
       }
+      record_weights("router", {&L.router});
       info_.moe_layers.push_back(l);
     } else {
-      L.dense = load_gated_mlp(ckpt, m, H, c.get_int("intermediate_size"), dt, act_fn, dev);
+      L.dense = load_gated_mlp(ckpt, m, H, c.get_int("intermediate_size"), dt, act_fn, dev, quant());
+      record_mlp("dense_mlp", L.dense);
     }
   }
   finish_experts(experts_, flags_.experts_key, num_experts_, top_k_, options.experts_implementation);

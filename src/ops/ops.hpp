@@ -202,23 +202,44 @@ void rope2_(Tensor& a, int64_t heads_a, Tensor& b, int64_t heads_b, int64_t head
 //   file mapping (its pages released: read back from the file if something touches it, e.g.
 //   the embedding lookup of a tied lm_head) or when the caller asks to keep it;
 // - CUDA: the tensor itself (cuBLASLt reads it in place), nothing packed.
+// - quantized (block-scaled FP8 / FP4 as include/moex/quant.hpp defines them; `quant` set):
+//   `tensor` holds the stored codes as they are (FP8: kF8E4M3 [out, in], one byte per weight;
+//   FP4: kI8 [out, in / 2] as stored, two e2m1 codes per byte, low nibble = even column), `scale` the
+//   block scales [ceil(out / quant.block_n), ceil(in / quant.block_k)] (kF32 or kF8E8M0),
+//   `dtype` the codes' dtype; nothing packed and no full-precision copy. The host runs it with
+//   src/cpu/quant_linear.hpp; a CUDA device refuses it at prepare_quantized_linear.
 struct LinearWeight {
   Tensor tensor;  // [out, in] as loaded, or undefined (host, packed and not kept)
   std::shared_ptr<const ::moex::cpu::DenseLinear> packed;  // host only; null: `tensor` is read in place
   int64_t out = 0, in = 0;
   DType dtype = DType::kF32;  // the loaded tensor's dtype
+  Tensor scale;               // quantized only: block scales (see above)
+  QuantScheme quant;          // kind kNone: a plain float weight
   int64_t out_features() const { return out; }
   int64_t in_features() const { return in; }
+  bool quantized() const { return quant.quantized(); }
+  // Bytes held for this weight: the packed form or the tensor (+ scales when quantized).
+  int64_t nbytes() const;
 };
 // Prepares `weight` [out, in] (any float dtype) on its own device. keep_tensor: the result keeps
 // the tensor even when it is an owned host copy (callers that also read it, e.g. DeepSeek's
 // per-group kv_b_proj). Host weights of a dtype the engine does not pack keep their tensor.
 LinearWeight prepare_linear(const Tensor& weight, bool keep_tensor = false);
+// A quantized weight (codes + block scales, both on the same device, shapes as LinearWeight
+// documents; the loader validated them) kept as it is stored. The one place a device decides
+// whether it runs quantized linears: the host does (src/cpu/quant_linear.hpp); a CUDA device
+// throws Unsupported "FP8 / FP4 linears on CUDA are not supported by this build yet; load with
+// --dequantize (LoadOptions::dequantize)".
+LinearWeight prepare_quantized_linear(const Tensor& codes, const Tensor& scale, const QuantScheme& quant,
+                                      int64_t out, int64_t in);
 
 // y = x W^T + b: x [rows, in] float32, W [out, in] any float dtype, b [out] float32 or
 // undefined; float32 accumulation, rounded once to act. -> [rows, out]. Also the lm_head (no
 // bias; logits hold act values). Each row's result depends on that row only (not on the other
 // rows of the call, nor on the thread count).
+// A quantized weight computes quant.hpp's product instead: each row of x quantized per 128-wide
+// K block (dynamic e4m3 activations), fp32 sums per weight block with both scales applied per
+// block, then bias and rounding as above.
 Tensor linear(const Tensor& x, const LinearWeight& weight, const Tensor& bias, DType act);
 // The same with an unprepared weight, read in place (tests, one-off calls; slower on the host).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act);

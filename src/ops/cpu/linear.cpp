@@ -6,7 +6,20 @@
 
 #include "core/parallel_errors.hpp"
 #include "cpu/dense_linear.hpp"
+#include "cpu/quant_linear.hpp"
 #include "ops/cpu/cpu_ops.hpp"
+
+namespace moex::ops {
+
+// Here rather than in dispatch.cpp: the packed form's size lives with the host engine.
+int64_t LinearWeight::nbytes() const {
+  int64_t b = packed ? int64_t(packed->bytes()) : 0;
+  if (tensor.defined() && !packed) b += int64_t(tensor.nbytes());
+  if (scale.defined()) b += int64_t(scale.nbytes());
+  return b;
+}
+
+}  // namespace moex::ops
 
 namespace moex::ops::cpu {
 
@@ -28,6 +41,8 @@ LinearWeight prepare_linear(const Tensor& weight, bool keep_tensor) {
 }
 
 Tensor linear(const Tensor& x, const LinearWeight& weight, const Tensor& bias, DType act) {
+  if (weight.quantized())
+    return moex::cpu::quant_linear(x, weight.tensor, weight.scale, weight.quant, weight.out, weight.in, bias, act);
   if (weight.packed) return weight.packed->run(x, bias, act);
   return linear(x, weight.tensor, bias, act);
 }
