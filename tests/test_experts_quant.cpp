@@ -16,10 +16,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 #include <fstream>
 #include <string>
 #include <unistd.h>
 
+#include "cpu/engine.hpp"
+#include "cpu/kernels/kernels.hpp"
 #include "moex/bench.hpp"
 #include "moex/check.hpp"
 #include "moex/error.hpp"
@@ -238,6 +241,65 @@ TEST(QuantExpertsCpu, ReferenceMatchesHandComputedValue) {
     std::vector<float> o = experts_forward(b, s, w, hidden, idx, tw).to_float_vector();
     EXPECT_EQ(o[0], 504.f) << b;
     EXPECT_EQ(o[1], -1008.f) << b;
+  }
+}
+
+// The kernel tier on its own, both variants (the backends run only the one this CPU picks): every
+// output of a ragged row range, for rows read through an index list, against the same sums in
+// double; K = 200 ends inside a 128 block (FP8), K = 96 inside one (FP4, three 32-blocks).
+TEST(QuantExpertsCpu, KernelVariantsMatchDoubleSums) {
+  namespace k = moex::cpu::kernels;
+  std::mt19937_64 rng(1001);
+  for (bool is_fp4 : {false, true}) {
+    const int64_t N = 37, K = is_fp4 ? 96 : 200, M = 11, nb = (K + 127) / 128;
+    const int64_t row_bytes = is_fp4 ? K / 2 : K, scols = is_fp4 ? K / 32 : nb;
+    const int64_t srows = is_fp4 ? N : (N + 127) / 128;
+    std::vector<uint8_t> w(static_cast<size_t>(N * row_bytes)), scale(static_cast<size_t>(srows * scols));
+    for (auto& b : w) b = uint8_t(rng() & (is_fp4 ? 0xff : 0xf7));  // no e4m3 NaN codes
+    for (auto& b : scale) b = uint8_t(120 + rng() % 10);             // UE8M0 2^-7 .. 2^2
+    std::vector<float> xq(static_cast<size_t>(M * nb * 128), 0.f), xs(static_cast<size_t>(M * nb));
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t c = 0; c < K; ++c) xq[size_t(m * nb * 128 + c)] = f8e4m3_to_float(uint8_t(rng() & 0xf7));
+      for (int64_t b = 0; b < nb; ++b) xs[size_t(m * nb + b)] = float(rng() % 1000 + 1) * 1e-3f;
+    }
+    std::vector<int64_t> rows(static_cast<size_t>(M));
+    for (int64_t m = 0; m < M; ++m) rows[size_t(m)] = (m * 7) % M;
+    k::BlockScaledArgs a;
+    a.fp4 = is_fp4, a.w = w.data(), a.row_bytes = row_bytes, a.k = K;
+    a.scale = scale.data(), a.scale_dtype = DType::kF8E8M0, a.scale_cols = scols;
+    a.fused_rows = N, a.bn = is_fp4 ? 1 : 128;
+    a.xq = xq.data(), a.xs = xs.data(), a.x_ld = nb * 128, a.nb = nb, a.x_rows = rows.data();
+    a.m = int(M), a.n0 = 3, a.n1 = 30, a.ldy = N;
+    const std::pair<std::string, k::BlockScaledFn> variants[] = {
+        {"portable", k::gemm_block_scaled_portable}, {"avx512", k::gemm_block_scaled_avx512}};
+    for (const auto& [name, fn] : variants) {
+      if (name == "avx512" && !moex::cpu::detect_cpu_features().avx512) continue;
+      std::vector<float> y(static_cast<size_t>(M * N), -7.f);
+      a.y = y.data();
+      fn(a);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          if (n < 3 || n >= 30) {
+            EXPECT_EQ(y[size_t(m * N + n)], -7.f) << "wrote outside its rows";
+            continue;
+          }
+          // Activation columns are stored evens-then-odds per 32 block for FP4.
+          double want = 0, mag = 0;  // float32 error scales with the sum of |terms|
+          for (int64_t c = 0; c < K; ++c) {
+            const int64_t r = c % 32, pos = is_fp4 ? c - r + (r % 2 ? 16 + r / 2 : r / 2) : c;
+            const double wv = is_fp4 ? double(quant::fp4_weight(w.data() + n * row_bytes, c)) *
+                                           e8m0_to_float(scale[size_t(n * scols + c / 32)])
+                                     : double(f8e4m3_to_float(w[size_t(n * row_bytes + c)])) *
+                                           e8m0_to_float(scale[size_t(c / 128)]);
+            const int64_t xr = rows[size_t(m)];
+            const double term = wv * xq[size_t(xr * nb * 128 + pos)] * xs[size_t(xr * nb + c / 128)];
+            want += term;
+            mag += std::fabs(term);
+          }
+          EXPECT_NEAR(y[size_t(m * N + n)], want, 1e-6 * mag)
+              << name << (is_fp4 ? " fp4" : " fp8") << " m=" << m << " n=" << n;
+        }
+    }
   }
 }
 

@@ -17,6 +17,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -40,18 +41,16 @@ inline int64_t scale_row_start(const BlockScaledArgs& a, int64_t n) {
   return quant::fused_scale_row(n, a.fused_rows, a.bn) * a.scale_cols;
 }
 
-// The decoded weight at position p (0..127) of block kb in the kernel's column order.
-inline int64_t column_of(bool fp4, int64_t kb, int p) {
-  if (!fp4) return kb * kBlock + p;
-  const int sub = p / 32, r = p % 32;
-  return kb * kBlock + sub * 32 + (r < 16 ? 2 * r : 2 * (r - 16) + 1);
-}
-
 }  // namespace
 
 // Portable: decode one weight row into float (in the kernel column order, per-32 FP4 scales
 // folded in), then the same per-block sums as the vector kernel.
 void gemm_block_scaled_portable(const BlockScaledArgs& a) {
+  static const std::array<float, 256> e4m3 = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[size_t(i)] = f8e4m3_to_float(uint8_t(i));
+    return t;
+  }();
   const int64_t nb = a.nb;
   float wrow[kBlock];
   for (int64_t n = a.n0; n < a.n1; ++n) {
@@ -63,16 +62,20 @@ void gemm_block_scaled_portable(const BlockScaledArgs& a) {
       std::fill(total, total + kRowsPerPass, 0.f);
       for (int64_t kb = 0; kb < nb; ++kb) {
         float factor = 1.f;
-        for (int p = 0; p < kBlock; ++p) {
-          const int64_t c = column_of(a.fp4, kb, p);
-          if (c >= a.k) {
-            wrow[p] = 0.f;
-          } else if (a.fp4) {
-            wrow[p] = quant::fp4_weight(w, c) *
-                      quant::scale_value(a.scale, a.scale_dtype, srow + c / quant::kFp4BlockK);
-          } else {
-            wrow[p] = f8e4m3_to_float(w[c]);
+        const int64_t c_end = std::min(kBlock, a.k - kb * kBlock);
+        std::fill(wrow, wrow + kBlock, 0.f);
+        if (a.fp4) {
+          for (int64_t sub = 0; sub < c_end / 32; ++sub) {
+            const int64_t c0 = kb * kBlock + sub * 32;
+            const float sc = quant::scale_value(a.scale, a.scale_dtype, srow + c0 / 32);
+            const uint8_t* b = w + c0 / 2;
+            for (int j = 0; j < 16; ++j) {  // evens, then odds (the kernel column order)
+              wrow[sub * 32 + j] = fp4_e2m1_to_float(uint8_t(b[j] & 0xf)) * sc;
+              wrow[sub * 32 + 16 + j] = fp4_e2m1_to_float(uint8_t(b[j] >> 4)) * sc;
+            }
           }
+        } else {
+          for (int64_t p = 0; p < c_end; ++p) wrow[p] = e4m3[w[kb * kBlock + p]];
         }
         if (!a.fp4) factor = quant::scale_value(a.scale, a.scale_dtype, srow + kb);
         for (int i = 0; i < mc; ++i) {
@@ -117,22 +120,31 @@ struct Fp8Decode {
 
 // 128 FP4 weights (64 bytes; K is a multiple of 32, so a 32-wide sub-block is whole or absent):
 // per sub-block, evens from the low nibbles, odds from the high ones, scale folded into the table.
+// FP4 scales are UE8M0 only (the contract), read as bytes.
 struct Fp4Decode {
   static inline void block(const BlockScaledArgs& a, const uint8_t* row, int64_t srow, int64_t kb,
                            __m512 (&v)[8], float& factor) {
     const __m512 lut = _mm512_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -0.5f, -1.f,
                                       -1.5f, -2.f, -3.f, -4.f, -6.f);
     const int64_t c0 = kb * kBlock;
+    // The block's four UE8M0 scales at once: 2^(e-127) is the float with exponent field e (code
+    // 0, 2^-127, is the float32 subnormal 0x00400000).
+    const uint8_t* sp = static_cast<const uint8_t*>(a.scale) + srow + c0 / 32;
+    const int64_t subs = std::min<int64_t>(4, (a.k - c0) / 32);
+    const __m512i codes = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(__mmask16((1u << subs) - 1), sp));
+    const __m512i bits = _mm512_mask_mov_epi32(_mm512_slli_epi32(codes, 23),
+                                               _mm512_cmpeq_epi32_mask(codes, _mm512_setzero_si512()),
+                                               _mm512_set1_epi32(0x00400000));
+    const __m512 scales = _mm512_castsi512_ps(bits);
     for (int h = 0; h < 4; ++h) {
       const int64_t c = c0 + 32 * h;
-      if (c >= a.k) {
+      if (h >= subs) {
         v[2 * h] = v[2 * h + 1] = _mm512_setzero_ps();
         continue;
       }
       const __m512i d = _mm512_cvtepu8_epi32(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2)));
-      const __m512 t = _mm512_mul_ps(
-          lut, _mm512_set1_ps(quant::scale_value(a.scale, a.scale_dtype, srow + c / 32)));
+      const __m512 t = _mm512_mul_ps(lut, _mm512_permutexvar_ps(_mm512_set1_epi32(h), scales));
       v[2 * h] = _mm512_permutexvar_ps(d, t);  // VPERMPS reads the index's low 4 bits
       v[2 * h + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), t);
     }
