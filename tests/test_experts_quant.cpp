@@ -388,6 +388,34 @@ TEST(QuantExpertsCpu, BoundaryErrorsNameTheProblem) {
   EXPECT_THROW(experts_forward("eager", s, good, ints, r.top_k_index, r.top_k_weights), InvalidInput);
 }
 
+// A backend that does not declare quantized_weights (the CUDA implementations in this build) is
+// refused at the boundary with a message naming the reason, never run on FP8 bytes.
+TEST(QuantExpertsCpu, BackendsWithoutQuantizedCapsRefuseClearly) {
+  struct PlainOnly final : ExpertsBackend {
+    BackendCaps caps() const override {
+      BackendCaps c;
+      c.devices = {DeviceKind::kCPU};
+      c.dtypes = {DType::kF32, DType::kBF16};
+      c.description = "test: unquantized only";
+      return c;
+    }
+    void forward(const ExpertsProblem&, Tensor&, const ExecContext&) const override {
+      ADD_FAILURE() << "must not run";
+    }
+  };
+  register_experts_backend("test_plain_only", std::make_shared<PlainOnly>());
+  const ExpertsSpec s = fp8(DType::kF32, 2, 160, 64);
+  const ExpertsWeights w = random_quantized_experts_weights(s, 1101);
+  Routing r = random_routing(s, 3, 1, DType::kF32, 1102, RoutingCase::kRandom);
+  try {
+    experts_forward("test_plain_only", s, w, r.hidden, r.top_k_index, r.top_k_weights);
+    ADD_FAILURE() << "accepted quantized weights";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("does not accept quantized (FP8 / FP4) expert weights"),
+              std::string::npos) << e.what();
+  }
+}
+
 // ---- memory ----
 
 int64_t resident_bytes() {
