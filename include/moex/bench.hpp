@@ -13,6 +13,7 @@
 #include "moex/cpu_kernels.hpp"
 #include "moex/device.hpp"
 #include "moex/dtype.hpp"
+#include "moex/experts.hpp"
 #include "moex/tensor.hpp"
 
 namespace moex {
@@ -67,6 +68,13 @@ double time_cuda_ms(Device device, const std::function<void()>& fn, bool use_gra
 // Unsupported without CUDA, DeviceError when a CUDA call fails (for instance when fn synchronises
 // or allocates while captured).
 Tensor graph_replay_output(Device device, const std::function<Tensor()>& fn);
+
+// Synthetic block-scaled experts weights on the host for spec.quant (FP8 or FP4; the layout of
+// the QuantScheme contract in moex/experts.hpp), from `seed`: codes spread over the whole e4m3 /
+// e2m1 range and random block scales (float32 in [0.5, 2) x, or UE8M0 2^{-1, 0, 1} x, a base
+// chosen so that the dequantized weights are ~ 1 / sqrt(K), like the bf16 synthetic ones).
+// Throws InvalidInput when the spec is not a valid quantized one.
+ExpertsWeights random_quantized_experts_weights(const ExpertsSpec& spec, uint64_t seed);
 
 // Peak memory of this process on `device`, bytes. CUDA: what moex's caching allocator holds (it
 // returns nothing to the driver while a process runs, so this is its peak; cuBLAS' own handles

@@ -46,9 +46,27 @@ enum class Activation : unsigned char {
 Activation parse_activation(std::string_view hf_name);
 std::string_view activation_name(Activation a);
 
-// Quantized expert weights (FP8 e4m3 / FP4 e2m1 values + block scales). Declared now so that
-// specs, loaders and backends carry it; no backend in this build accepts it yet (supports() says
-// so with a clear message).
+// Quantized expert weights (FP8 e4m3 / FP4 e2m1 values + block scales). The math (what a stored
+// value and scale mean, the fused scale rows, the dynamic 1 x 128 activation quantizer) is defined
+// once in moex/quant.hpp; this is the contract of the experts tensors (E experts, H hidden,
+// I intermediate, R = gate_up_rows()):
+//   FP8 (kind kFp8E4M3, block_n = block_k = 128, scale_dtype kF32 or kF8E8M0):
+//     gate_up       kF8E4M3 [E, R, H]      down       kF8E4M3 [E, H, I]
+//     gate_up_scale scale_dtype [E, (has_gate ? 2 : 1) * ceil(I/128), ceil(H/128)]
+//     down_scale    scale_dtype [E, ceil(H/128), ceil(I/128)]
+//     (a gated gate_up keeps gate's and up's scale rows apart: quant::fused_scale_row.)
+//   FP4 (kind kFp4E2M1, block_n = 1, block_k = 32, scale_dtype kF8E8M0; H and I multiples of 32):
+//     gate_up       kI8 [E, R, H/2]        down       kI8 [E, H, I/2]   (two e2m1 per byte, low
+//     gate_up_scale kF8E8M0 [E, R, H/32]   down_scale kF8E8M0 [E, H, I/32]  nibble = even column)
+// Quantized specs have no biases, are not transposed and are concatenated ([gate; up]): the
+// layouts DeepSeek-style checkpoints ship; anything else is InvalidInput. Weights are held fused
+// (not per expert). The activations (hidden, out) are float32, bfloat16 or float16, as for
+// unquantized experts, and need not match the weights' storage dtype (ExpertsWeights::dtype() is
+// then kF8E4M3 / kI8). Numerics: each hidden row is quantized per 128-wide block (quant.hpp), the
+// products accumulate in float32 per block with activation scale x weight scale applied per block;
+// the activated intermediate is rounded to the activation dtype, then quantized the same way
+// before the down projection. CPU backends accept these weights; others say they do not
+// (BackendCaps::quantized_weights).
 struct QuantScheme {
   enum class Kind : unsigned char { kNone, kFp8E4M3, kFp4E2M1 } kind = Kind::kNone;
   DType scale_dtype = DType::kF32;  // kF32 or kF8E8M0 (UE8M0, power-of-two)
@@ -100,7 +118,7 @@ struct ExpertsWeights {
   Tensor down;          // [E, H, I] or transposed [E, I, H]
   Tensor gate_up_bias;  // [E, R] when spec.has_bias (same row order as gate_up)
   Tensor down_bias;     // [E, H] when spec.has_bias
-  Tensor gate_up_scale; // quantized only: block scales
+  Tensor gate_up_scale; // quantized only: block scales (shapes in the QuantScheme contract)
   Tensor down_scale;
   std::shared_ptr<const PerExpertWeights> per_expert;  // shared: copies of the weights share it
 
@@ -254,5 +272,27 @@ class Experts {
 Tensor experts_reference_f64(const ExpertsSpec& spec, const ExpertsWeights& weights,
                              const Tensor& hidden, const Tensor& top_k_index,
                              const Tensor& top_k_weights);
+
+// The reference of quantized experts with a bound on its one discontinuity. The activation
+// quantizer rounds to e4m3; the float64 reference quantizes the intermediate it computed in
+// double (rounded to float32, then to the activation dtype), a backend the one it computed in
+// float32. An element whose float32 error bound (float32 accumulation of the gate_up product,
+// propagated through the activation, plus the rounding to the activation dtype) reaches an e4m3
+// rounding midpoint may round to a neighbouring e4m3 value in a backend: each such element is
+// counted, and the change it can cause in the output (one e4m3 step x its block scale x |routing
+// weight| x the L2 norm of its down column) is summed into `crossing_bound`, an absolute L2 bound.
+// A backend is right when ||out - ref.out|| <= tolerance x ||ref.out|| + crossing_bound; with no
+// element near a midpoint the bound is 0 and the comparison is the plain one. For unquantized
+// specs the bound is always 0.
+struct QuantizedReference {
+  Tensor out;                  // float64 [T, H], as experts_reference_f64
+  int64_t near_midpoints = 0;  // intermediate elements whose error interval holds a midpoint
+  int64_t elements = 0;        // intermediate elements quantized (T x valid slots x I)
+  double crossing_bound = 0;   // absolute L2 bound of what those elements can change
+};
+QuantizedReference experts_reference_f64_bounded(const ExpertsSpec& spec,
+                                                 const ExpertsWeights& weights,
+                                                 const Tensor& hidden, const Tensor& top_k_index,
+                                                 const Tensor& top_k_weights);
 
 }  // namespace moex

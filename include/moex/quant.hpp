@@ -45,6 +45,19 @@ inline float scale_value(const void* scales, DType dt, int64_t i) {
                               : static_cast<const float*>(scales)[i];
 }
 
+// Weight (n, k) of an FP4 matrix whose row n starts at `row` (K/2 bytes), before its scale.
+inline float fp4_weight(const uint8_t* row, int64_t k) {
+  const uint8_t b = row[k / 2];
+  return fp4_e2m1_to_float(k % 2 ? uint8_t(b >> 4) : uint8_t(b & 0xf));
+}
+
+// Number of scale rows / columns of a block-scaled [N, K] matrix (bn, bk of its scheme); for a
+// fused gated gate_up (N = 2I) the rows are 2 * ceil(I / bn), see fused_scale_row.
+inline int64_t scale_rows(int64_t N, int64_t bn, bool fused_gated) {
+  return fused_gated ? 2 * ceil_div(N / 2, bn) : ceil_div(N, bn);
+}
+inline int64_t scale_cols(int64_t K, int64_t bk) { return ceil_div(K, bk); }
+
 // Quantizes x[0, K) per kActBlock block: q[k] e4m3 codes, scales[ceil(K / kActBlock)].
 void quantize_activation_row(const float* x, int64_t K, uint8_t* q, float* scales);
 

@@ -5,6 +5,10 @@
 // distinct experts hit + activations in and out, flops = 2 T k (R H + H I). Weights are kept out
 // of the caches (CPU: a buffer several times the last-level cache is streamed before every timed
 // run; CUDA: the L2 is flushed before every timed run), so the floor is the honest DRAM/HBM one.
+// --dtype fp8 / fp4: block-scaled experts weights (moex/quant.hpp; random codes and block scales),
+// bfloat16 activations; bytes count the stored weights and their scales, and the peak is the
+// float32 FMA one (the unit the quantized kernel computes in). The reference check then allows
+// the bound of experts_reference_f64_bounded for intermediate elements near an e4m3 midpoint.
 // Check: eager's rows for a sample of tokens against the float64 reference, every other backend
 // against eager on the same tokens (a token's output depends only on its own inputs); where CUDA
 // graph replays are timed, the output of a replay is checked too. A row that was not checked
@@ -162,7 +166,9 @@ int run_bench_experts(const std::vector<std::string>& argv) {
       "Time each experts backend on synthetic weights over token counts, after checking its result\n"
       "against the float64 reference, with the floor (bytes over bandwidth, flops over peak).",
       {{"device", "DEV", "cpu (default) or cuda[:I]"},
-       {"dtype", "D", "bfloat16 (default), float16 or float32"},
+       {"dtype", "D", "bfloat16 (default), float16, float32, or fp8 / fp4 (block-scaled weights, "
+                      "bfloat16 activations)"},
+       {"scale-fmt", "F", "fp8: float (default) or ue8m0 block scales"},
        {"shape", "NAME", "qwen1.5-moe-a2.7b (default), deepseek-v3 or mixtral-8x7b"},
        {"experts", "E", "custom shape: experts per layer"},
        {"top-k", "K", "custom shape: experts per token"},
@@ -182,7 +188,26 @@ int run_bench_experts(const std::vector<std::string>& argv) {
        {"json", "", "one JSON object per row instead of the table"}}};
   Args a(argv, kUsage);
   Device dev = parse_device(a.get_or("device", "cpu"));
-  DType dt = parse_dtype(a.get_or("dtype", "bfloat16"));
+  const std::string dtype_arg = a.get_or("dtype", "bfloat16");
+  QuantScheme quant;
+  if (dtype_arg == "fp8" || dtype_arg == "fp4") {
+    const std::string fmt = a.get_or("scale-fmt", dtype_arg == "fp4" ? "ue8m0" : "float");
+    if (fmt != "float" && fmt != "ue8m0")
+      throw InvalidInput("--scale-fmt must be float or ue8m0, got '" + fmt + "'");
+    if (dtype_arg == "fp4" && fmt != "ue8m0")
+      throw InvalidInput("fp4 experts have ue8m0 scales only");
+    quant.kind = dtype_arg == "fp8" ? QuantScheme::Kind::kFp8E4M3 : QuantScheme::Kind::kFp4E2M1;
+    quant.scale_dtype = fmt == "ue8m0" ? DType::kF8E8M0 : DType::kF32;
+    quant.block_n = dtype_arg == "fp8" ? 128 : 1;
+    quant.block_k = dtype_arg == "fp8" ? 128 : 32;
+  } else if (a.has("scale-fmt")) {
+    throw InvalidInput("--scale-fmt needs --dtype fp8 or fp4");
+  }
+  // The activation dtype (quantized weights: bfloat16 activations).
+  DType dt = quant.quantized() ? DType::kBF16 : parse_dtype(dtype_arg);
+  const std::string dt_name = quant.quantized() ? dtype_arg : std::string(dtype_name(dt));
+  ExpertsSpec probe;
+  probe.quant = quant;
   std::string shape_name = a.get_or("shape", "qwen1.5-moe-a2.7b");
   NamedShape sh{"custom", 0, 0, 0, 0};
   if (a.has("experts") || a.has("hidden") || a.has("intermediate") || a.has("top-k")) {
@@ -206,7 +231,7 @@ int run_bench_experts(const std::vector<std::string>& argv) {
   std::vector<std::string> backends = a.get_list("backends", {});
   if (backends.empty())
     for (auto& n : experts_backend_names())
-      if (get_experts_backend(n)->unsupported_reason(ExpertsSpec{}, dt, dev).empty())
+      if (get_experts_backend(n)->unsupported_reason(probe, dt, dev).empty())
         backends.push_back(n);
   const GraphMode graph_mode = parse_graph_mode(a.get_or("graph", dev.is_cuda() ? "both" : "off"));
   if (!dev.is_cuda() && graph_mode != GraphMode::kOff)
@@ -226,14 +251,26 @@ int run_bench_experts(const std::vector<std::string>& argv) {
   spec.num_experts = sh.E;
   spec.hidden = sh.H;
   spec.intermediate = sh.I;
+  spec.quant = quant;
   const size_t es = dtype_size(dt);
+  // Stored bytes per weight, and per expert the bytes of its scales.
+  const double weight_es = quant.kind == QuantScheme::Kind::kFp8E4M3   ? 1.0
+                           : quant.kind == QuantScheme::Kind::kFp4E2M1 ? 0.5
+                                                                       : double(es);
+  double scale_bytes = 0;
+  if (quant.quantized()) {
+    const double sb = double(dtype_size(quant.scale_dtype));
+    const double bn = double(quant.block_n), bk = double(quant.block_k);
+    scale_bytes = sb * (2.0 * std::ceil(double(sh.I) / bn) * std::ceil(double(sh.H) / bk) +
+                        std::ceil(double(sh.H) / bn) * std::ceil(double(sh.I) / bk));
+  }
   // Memory check before anything is allocated: the weights (made on the host, also for a GPU
   // run) and the activations of the largest token count. Computed in floating point, which
   // cannot wrap around: once the total is below the limit, every integer size below is far
   // from overflowing int64.
   const int64_t max_T = tokens.empty() ? 0 : *std::max_element(tokens.begin(), tokens.end());
   const double expert_bytes =
-      (2.0 * double(sh.I) * double(sh.H) + double(sh.H) * double(sh.I)) * double(es);
+      (2.0 * double(sh.I) * double(sh.H) + double(sh.H) * double(sh.I)) * weight_es + scale_bytes;
   const double weight_bytes = expert_bytes * double(sh.E);
   // Per token: hidden in and out (out counted as float32), the routing (int64 id + float32
   // weight per slot) and the backends' float32 intermediates (gate_up rows + activated rows).
@@ -251,7 +288,7 @@ int run_bench_experts(const std::vector<std::string>& argv) {
       throw Unsupported("shape " + std::string(sh.name) + " (E=" + std::to_string(sh.E) + " k=" +
                         std::to_string(sh.k) + " H=" + std::to_string(sh.H) + " I=" +
                         std::to_string(sh.I) + ") needs " + gb(weight_bytes + act_bytes) +
-                        " GB of host memory in " + std::string(dtype_name(dt)) + " (weights " +
+                        " GB of host memory in " + dt_name + " (weights " +
                         gb(weight_bytes) + " GB + activations " + gb(act_bytes) + " GB at " +
                         std::to_string(max_T) + " tokens), more than 80 % of the " + gb(avail) +
                         " GB available on this machine");
@@ -260,7 +297,7 @@ int run_bench_experts(const std::vector<std::string>& argv) {
     auto be = get_experts_backend(b);
     if (auto why = be->unsupported_reason(spec, dt, dev); !why.empty())
       throw Unsupported("experts backend '" + b + "' cannot run on " + dev.str() + " in " +
-                        std::string(dtype_name(dt)) + ": it " + why);
+                        dt_name + ": it " + why);
   }
   const int64_t R = spec.gate_up_rows();
 
@@ -270,7 +307,7 @@ int run_bench_experts(const std::vector<std::string>& argv) {
   copt.bandwidth = bw_gbs <= 0;
   copt.peak = peak_tflops <= 0;
   copt.cpu_kernel = cpu_kernel;
-  const Ceilings ceilings = measure_ceilings(dev, dt, copt);
+  const Ceilings ceilings = measure_ceilings(dev, quant.quantized() ? DType::kF32 : dt, copt);
   if (copt.bandwidth) bw_gbs = ceilings.bandwidth_gbps();
   if (copt.peak) peak_tflops = ceilings.peak_tflops;
   const std::string kernel = ceilings.unit;
@@ -278,17 +315,20 @@ int run_bench_experts(const std::vector<std::string>& argv) {
     std::printf("# shape %s (E=%lld k=%lld H=%lld I=%lld) %s on %s [%s]; ceilings: %.1f GB/s, "
                 "%.1f TFLOP/s\n",
                 sh.name, (long long)sh.E, (long long)sh.k, (long long)sh.H, (long long)sh.I,
-                std::string(dtype_name(dt)).c_str(), dev.str().c_str(), kernel.c_str(), bw_gbs,
+                dt_name.c_str(), dev.str().c_str(), kernel.c_str(), bw_gbs,
                 peak_tflops);
 
   ExpertsWeights w;
-  w.gate_up = random_tensor(spec.gate_up_shape(), dt, 1.f / std::sqrt(float(sh.H)), seed);
-  w.down = random_tensor(spec.down_shape(), dt, 1.f / std::sqrt(float(sh.I)), seed + 1);
-  ExpertsWeights w_host = w;
-  if (!dev.host_accessible()) {
-    w.gate_up = w.gate_up.to(dev);
-    w.down = w.down.to(dev);
+  if (quant.quantized()) {
+    w = random_quantized_experts_weights(spec, seed);
+  } else {
+    w.gate_up = random_tensor(spec.gate_up_shape(), dt, 1.f / std::sqrt(float(sh.H)), seed);
+    w.down = random_tensor(spec.down_shape(), dt, 1.f / std::sqrt(float(sh.I)), seed + 1);
   }
+  ExpertsWeights w_host = w;
+  if (!dev.host_accessible())
+    for (Tensor* t : {&w.gate_up, &w.down, &w.gate_up_scale, &w.down_scale})
+      if (t->defined()) *t = t->to(dev);
   Experts experts(spec, w);
   Experts experts_host(spec, w_host);
   CacheEvictor evictor;
@@ -320,8 +360,15 @@ int run_bench_experts(const std::vector<std::string>& argv) {
     if (check && T > 0) {
       Tensor hs = take_rows(hidden, rows), is = take_rows(r.idx, rows), ws = take_rows(r.w, rows);
       eager_rows = experts_host.forward("eager", hs, is, ws);
-      Tensor ref = experts_reference_f64(spec, w_host, hs, is, ws);
-      double err = rel_l2_error(eager_rows, ref), tol = experts_tolerance(dt, std::max(sh.H, sh.I));
+      QuantizedReference ref = experts_reference_f64_bounded(spec, w_host, hs, is, ws);
+      double err = rel_l2_error(eager_rows, ref.out), tol = experts_tolerance(dt, std::max(sh.H, sh.I));
+      // Quantized: the reference's bound for elements near an e4m3 midpoint (0 when none is).
+      if (ref.crossing_bound > 0) {
+        double norm = 0;
+        for (int64_t i = 0; i < int64_t(ref.out.numel()); ++i)
+          norm += ref.out.data<double>()[i] * ref.out.data<double>()[i];
+        if (norm > 0) tol += ref.crossing_bound / std::sqrt(norm);
+      }
       if (!(err <= tol))
         throw Error("check failed: eager differs from the float64 reference by " +
                     std::to_string(err) + " (tolerance " + std::to_string(tol) + ") at T=" +
@@ -362,7 +409,7 @@ int run_bench_experts(const std::vector<std::string>& argv) {
         }
         double frac = ms > 0 ? floor_ms / ms : 0;
         if (json) {
-          nlohmann::json j{{"backend", b}, {"device", dev.str()}, {"dtype", dtype_name(dt)},
+          nlohmann::json j{{"backend", b}, {"device", dev.str()}, {"dtype", dt_name},
                            {"shape", sh.name}, {"experts", sh.E}, {"top_k", sh.k},
                            {"hidden", sh.H}, {"intermediate", sh.I}, {"tokens", T},
                            {"graph", g}, {"ms", ms}, {"floor_ms", floor_ms},

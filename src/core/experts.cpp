@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "moex/error.hpp"
+#include "moex/quant.hpp"
 
 namespace moex {
 
@@ -117,11 +118,71 @@ static void expect_float_dtype(DType dt) {
                        std::string(dtype_name(dt)));
 }
 
+// The QuantScheme contract of experts.hpp, checked tensor by tensor.
+static void validate_quantized(const ExpertsSpec& s, const ExpertsWeights& w) {
+  const QuantScheme& q = s.quant;
+  const bool fp4 = q.kind == QuantScheme::Kind::kFp4E2M1;
+  const char* what = fp4 ? "FP4 (e2m1)" : "FP8 (e4m3)";
+  // DeepSeek-style checkpoints store quantized experts this one way; other layouts would need
+  // their own scale-row mapping, and none is known to exist.
+  if (s.has_bias || s.is_transposed || (s.has_gate && !s.is_concatenated))
+    throw InvalidInput(std::string(what) + " experts must be untransposed, concatenated " +
+                       "[gate; up] and without biases (the DeepSeek-style checkpoint layout), not " +
+                       s.str());
+  const int64_t E = s.num_experts, H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
+  // The spec's own limits first, then the tensors.
+  auto expect_fused = [&] {
+    if (w.per_expert)
+      throw InvalidInput(std::string(what) + " experts weights are held fused (gate_up_proj, " +
+                         "down_proj and their scales), not per expert");
+    if (!w.gate_up.defined()) throw InvalidInput("experts weight 'gate_up_proj' is missing");
+    if (w.gate_up_bias.defined() || w.down_bias.defined())
+      throw InvalidInput("quantized experts take no biases, but biases were given");
+  };
+  if (fp4) {
+    if (q.block_n != 1 || q.block_k != quant::kFp4BlockK)
+      throw InvalidInput("FP4 experts use 1 x 32 scale blocks, got " + std::to_string(q.block_n) +
+                         " x " + std::to_string(q.block_k));
+    if (q.scale_dtype != DType::kF8E8M0)
+      throw InvalidInput("FP4 experts scales must be float8_e8m0fnu (UE8M0), got " +
+                         std::string(dtype_name(q.scale_dtype)));
+    if (H % quant::kFp4BlockK != 0 || I % quant::kFp4BlockK != 0)
+      throw InvalidInput("FP4 experts need hidden and intermediate sizes that are multiples of 32 "
+                         "(one scale per 32 values), got H=" + std::to_string(H) + " I=" +
+                         std::to_string(I));
+    expect_fused();
+    const Device dev = w.gate_up.device();
+    expect_tensor(w.gate_up, "gate_up_proj", {E, R, H / 2}, DType::kI8, dev);
+    expect_tensor(w.down, "down_proj", {E, H, I / 2}, DType::kI8, dev);
+    expect_tensor(w.gate_up_scale, "gate_up_scale", {E, R, H / quant::kFp4BlockK}, q.scale_dtype,
+                  dev);
+    expect_tensor(w.down_scale, "down_scale", {E, H, I / quant::kFp4BlockK}, q.scale_dtype, dev);
+    return;
+  }
+  if (q.block_n != quant::kFp8Block || q.block_k != quant::kFp8Block)
+    throw InvalidInput("FP8 experts use 128 x 128 scale blocks, got " + std::to_string(q.block_n) +
+                       " x " + std::to_string(q.block_k));
+  if (q.scale_dtype != DType::kF32 && q.scale_dtype != DType::kF8E8M0)
+    throw InvalidInput("FP8 experts scales must be float32 or float8_e8m0fnu (UE8M0), got " +
+                       std::string(dtype_name(q.scale_dtype)));
+  const int64_t b = quant::kFp8Block;
+  expect_fused();
+  const Device dev = w.gate_up.device();
+  expect_tensor(w.gate_up, "gate_up_proj", {E, R, H}, DType::kF8E4M3, dev);
+  expect_tensor(w.down, "down_proj", {E, H, I}, DType::kF8E4M3, dev);
+  expect_tensor(w.gate_up_scale, "gate_up_scale",
+                {E, quant::scale_rows(R, b, s.has_gate), quant::scale_cols(H, b)}, q.scale_dtype,
+                dev);
+  expect_tensor(w.down_scale, "down_scale",
+                {E, quant::scale_rows(H, b, false), quant::scale_cols(I, b)}, q.scale_dtype, dev);
+}
+
 void validate_experts_weights(const ExpertsSpec& s, const ExpertsWeights& w) {
   if (s.num_experts <= 0 || s.hidden <= 0 || s.intermediate <= 0)
     throw InvalidInput("experts spec needs positive sizes, got " + s.str());
-  if (s.quant.quantized())
-    throw Unsupported("quantized expert weights (FP8/FP4) are not supported by this build yet");
+  if (s.quant.quantized()) return validate_quantized(s, w);
+  if (w.gate_up_scale.defined() || w.down_scale.defined())
+    throw InvalidInput("experts weight scales given but the spec is not quantized (spec.quant)");
   if (!w.gate_up.defined() && !w.per_expert)
     throw InvalidInput("experts weight 'gate_up_proj' is missing");
   const DType dt = w.dtype();
@@ -181,7 +242,8 @@ std::string ExpertsBackend::unsupported_reason(const ExpertsSpec& spec, DType dt
     for (auto d : c.dtypes) list += (list.empty() ? "" : ", ") + std::string(dtype_name(d));
     return "supports dtypes " + list + ", not " + std::string(dtype_name(dtype));
   }
-  if (spec.quant.quantized() && !c.quantized_weights) return "does not accept quantized weights";
+  if (spec.quant.quantized() && !c.quantized_weights)
+    return "does not accept quantized (FP8 / FP4) expert weights in this build";
   return {};
 }
 
@@ -195,7 +257,13 @@ ExpertsProblem make_problem(const ExpertsBackend& b, std::string_view name, cons
     throw InvalidInput("hidden must be [T, " + std::to_string(spec.hidden) + "], got " +
                        (hidden.defined() ? shape_str(hidden.shape()) : std::string("nothing")));
   int64_t T = hidden.size(0);
-  if (hidden.dtype() != weights.dtype())
+  if (spec.quant.quantized()) {
+    // Quantized weights: the activations are any float dtype the backend computes in.
+    if (hidden.dtype() != DType::kF32 && hidden.dtype() != DType::kBF16 &&
+        hidden.dtype() != DType::kF16)
+      throw InvalidInput("hidden must be float32, bfloat16 or float16 with quantized experts, got " +
+                         std::string(dtype_name(hidden.dtype())));
+  } else if (hidden.dtype() != weights.dtype())
     throw InvalidInput("hidden is " + std::string(dtype_name(hidden.dtype())) +
                        " but the expert weights are " + std::string(dtype_name(weights.dtype())));
   Device dev = weights.device();
@@ -340,7 +408,9 @@ const ExpertsWeights& Experts::weights() const {
 void Experts::prepare(std::string_view backend) const {
   auto b = get_experts_backend(backend);
   const Device dev = weights_.device();
-  if (std::string why = b->unsupported_reason(spec_, weights_.dtype(), dev); !why.empty())
+  // Quantized weights: the activation dtype is the caller's; float32 stands for any of them.
+  const DType dt = spec_.quant.quantized() ? DType::kF32 : weights_.dtype();
+  if (std::string why = b->unsupported_reason(spec_, dt, dev); !why.empty())
     throw Unsupported("experts backend '" + std::string(backend) + "' cannot prepare " +
                       spec_.str() + ": it " + why);
   (void)cached_prepare(*cache_, backend, b, spec_, weights_);

@@ -12,6 +12,7 @@
 
 #include "moex/error.hpp"
 #include "moex/experts.hpp"
+#include "moex/quant.hpp"
 
 namespace moex {
 namespace {
@@ -32,6 +33,23 @@ double activate(Activation a, double x) {
                      " has no single-input form");
 }
 
+}  // namespace
+
+// One element of the intermediate from its gate and up values (ungated: `gate` is the product
+// row's element and `up` is unused). Shared with reference_quant.cpp.
+double intermediate_value(const ExpertsSpec& s, double gate, double up) {
+  if (!s.has_gate) return activate(s.act, gate);
+  if (s.act == Activation::kSwigluOai) {
+    const double limit = s.swiglu_limit, alpha = s.swiglu_alpha;
+    const double g = std::min(gate, limit);
+    const double u = std::clamp(up, -limit, limit);
+    return (u + 1.0) * g / (1.0 + std::exp(-alpha * g));
+  }
+  return activate(s.act, gate) * up;
+}
+
+namespace {
+
 // The I-wide intermediate from one row `a` of the gate_up product (R values in stored order):
 // ungated: act(a[i]); gated: gate i and up i are a[i] and a[I + i] (concatenated halves) or
 // a[2i] and a[2i + 1] (interleaved); gpt-oss clamps gate above and up on both sides at `limit`
@@ -40,27 +58,24 @@ void intermediate_row(const ExpertsSpec& s, const std::vector<double>& a, std::v
   const size_t I = size_t(s.intermediate);
   for (size_t i = 0; i < I; ++i) {
     if (!s.has_gate) {
-      h[i] = activate(s.act, a[i]);
+      h[i] = intermediate_value(s, a[i], 0.0);
       continue;
     }
     const double gate = s.is_concatenated ? a[i] : a[2 * i];
     const double up = s.is_concatenated ? a[I + i] : a[2 * i + 1];
-    if (s.act == Activation::kSwigluOai) {
-      const double limit = s.swiglu_limit, alpha = s.swiglu_alpha;
-      const double g = std::min(gate, limit);
-      const double u = std::clamp(up, -limit, limit);
-      h[i] = (u + 1.0) * g / (1.0 + std::exp(-alpha * g));
-    } else {
-      h[i] = activate(s.act, gate) * up;
-    }
+    h[i] = intermediate_value(s, gate, up);
   }
 }
 
 }  // namespace
 
+QuantizedReference quantized_reference(const ExpertsSpec& s, const ExpertsWeights& w,
+                                       const Tensor& hidden, const Tensor& idx, const Tensor& tw);
+
 Tensor experts_reference_f64(const ExpertsSpec& s, const ExpertsWeights& w, const Tensor& hidden,
                              const Tensor& idx, const Tensor& tw) {
   validate_experts_weights(s, w);
+  if (s.quant.quantized()) return quantized_reference(s, w, hidden, idx, tw).out;
   auto host = [](const Tensor& t) { return t.device().host_accessible() ? t : t.to(Device::cpu()); };
   const int64_t T = hidden.size(0), H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
   const int64_t k = idx.size(1), E = s.num_experts;
@@ -124,6 +139,16 @@ Tensor experts_reference_f64(const ExpertsSpec& s, const ExpertsWeights& w, cons
     }
   }
   return out;
+}
+
+QuantizedReference experts_reference_f64_bounded(const ExpertsSpec& s, const ExpertsWeights& w,
+                                                 const Tensor& hidden, const Tensor& idx,
+                                                 const Tensor& tw) {
+  validate_experts_weights(s, w);
+  if (s.quant.quantized()) return quantized_reference(s, w, hidden, idx, tw);
+  QuantizedReference r;
+  r.out = experts_reference_f64(s, w, hidden, idx, tw);
+  return r;
 }
 
 }  // namespace moex

@@ -5,6 +5,7 @@
 
 #include "cpu/backends.hpp"
 #include "cpu/experts_common.hpp"
+#include "cpu/experts_quant.hpp"
 
 namespace moex::cpu {
 namespace {
@@ -12,12 +13,15 @@ namespace {
 class EagerCpu final : public ExpertsBackend {
  public:
   BackendCaps caps() const override {
-    return cpu_caps("loop over the experts that received tokens (reference)");
+    return cpu_caps("loop over the experts that received tokens (reference); FP8/FP4 weights "
+                    "decoded in registers");
   }
 
   // Host code: runs synchronously on the calling thread (and its OpenMP team); the context adds
   // nothing on the CPU.
   void forward(const ExpertsProblem& p, Tensor& out, const ExecContext&) const override {
+    // Quantized: the same loop over experts; threads split each expert's products by rows.
+    if (p.spec->quant.quantized()) return quant_grouped_forward(p, out, /*all_at_once=*/false);
     const ExpertsSpec& s = *p.spec;
     const int64_t H = s.hidden;
     RoutingView r(p);

@@ -14,6 +14,7 @@ BackendCaps cpu_caps(std::string description) {
   c.dtypes = {DType::kF32, DType::kBF16, DType::kF16};
   c.graph_capturable = false;
   c.reads_per_expert = true;  // gate_up_view / down_view and the engine's packing read both forms
+  c.quantized_weights = true;  // FP8 / FP4 through experts_quant.hpp
   c.description = std::move(description);
   return c;
 }

@@ -9,6 +9,7 @@
 #include "cpu/backends.hpp"
 #include "cpu/engine.hpp"
 #include "cpu/experts_common.hpp"
+#include "cpu/experts_quant.hpp"
 
 namespace moex::cpu {
 namespace {
@@ -17,13 +18,15 @@ class GroupedMmCpu final : public ExpertsBackend {
  public:
   BackendCaps caps() const override {
     return cpu_caps("tokens sorted by expert, one grouped product on pre-packed weights "
-                    "(AMX/AVX-512/AVX2 engine); the CPU default");
+                    "(AMX/AVX-512/AVX2 engine); the CPU default; FP8/FP4 weights unpacked, "
+                    "decoded in registers");
   }
 
   std::unique_ptr<PreparedExperts> prepare(const ExpertsSpec& spec,
                                            const ExpertsWeights& weights) const override {
     const DType dt = weights.dtype();
-    if (!weights.device().host_accessible() ||
+    // Quantized weights are read as stored: packing them would be a second copy.
+    if (spec.quant.quantized() || !weights.device().host_accessible() ||
         !cpu_engine_unsupported_reason(spec, dt, dt).empty())
       return nullptr;
     return prepare_cpu_experts(spec, weights, selected_kernel_path());
@@ -32,6 +35,7 @@ class GroupedMmCpu final : public ExpertsBackend {
   // Host code: runs synchronously on the calling thread (and its OpenMP team); the context adds
   // nothing on the CPU.
   void forward(const ExpertsProblem& p, Tensor& out, const ExecContext&) const override {
+    if (p.spec->quant.quantized()) return quant_grouped_forward(p, out, /*all_at_once=*/true);
     if (const auto* packed = dynamic_cast<const PreparedCpuExperts*>(p.prepared)) {
       run_cpu_experts(*packed, p, out);
       return;

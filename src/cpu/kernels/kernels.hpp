@@ -20,6 +20,8 @@
 
 #include <cstdint>
 
+#include "moex/dtype.hpp"
+
 namespace moex::cpu::kernels {
 
 constexpr int kPanelCols = 16;     // columns of one packed panel
@@ -87,6 +89,40 @@ bool amx_request_permission();
 using PackPanelFn = void (*)(const void* const* rows, int64_t k, int64_t k_pad, int elem, void* dst);
 void pack_panel_portable(const void* const* rows, int64_t k, int64_t k_pad, int elem, void* dst);
 void pack_panel_avx512(const void* const* rows, int64_t k, int64_t k_pad, int elem, void* dst);
+
+// Block-scaled weights (FP8 e4m3 / FP4 e2m1, moex/quant.hpp) times quantized activations, read
+// straight from the stored bytes (gemm_block_scaled.cpp): for m < m rows and n0 <= n < n1,
+//   y[m * ldy + n] = sum_b xs[b] * f_b * sum_{k in b} xq[k] * w_b(n, k)
+// over the 128-wide activation blocks b, where w_b is the decoded weight (FP8: the e4m3 value,
+// f_b its 128 x 128 block scale; FP4: e2m1 value x its 1 x 32 scale, f_b = 1), the inner sum in
+// float32 per block. Each y element is computed the same way whatever m, n0, n1 or the thread,
+// so backends that split the work differently agree bit for bit.
+struct BlockScaledArgs {
+  bool fp4 = false;
+  const uint8_t* w = nullptr;        // row n at w + n * row_bytes
+  int64_t row_bytes = 0;             // K (FP8) or K / 2 (FP4)
+  int64_t k = 0;                     // K
+  const void* scale = nullptr;       // the matrix's scale rows, scale_cols each
+  DType scale_dtype = DType::kF32;   // kF32 or kF8E8M0
+  int64_t scale_cols = 0;
+  int64_t fused_rows = 0;            // quant::fused_scale_row's `intermediate` (N when not fused)
+  int64_t bn = 128;                  // rows per scale row
+  // Activations: row r at xq + r * x_ld holds the e4m3 values (as float, unscaled) of a row,
+  // zero from K up to x_ld (a multiple of 128); for FP4 each 32-wide block is stored as its 16
+  // even columns, then its 16 odd ones (the order the nibbles decode in). Its block scales at
+  // xs + r * nb. Row m of this call reads activation row x_rows[m] (x_rows null: m).
+  const float* xq = nullptr;
+  const float* xs = nullptr;
+  int64_t x_ld = 0, nb = 0;
+  const int64_t* x_rows = nullptr;
+  int m = 0;
+  int64_t n0 = 0, n1 = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+using BlockScaledFn = void (*)(const BlockScaledArgs&);
+void gemm_block_scaled_portable(const BlockScaledArgs& a);
+void gemm_block_scaled_avx512(const BlockScaledArgs& a);  // needs avx512 f/bw/vl (+ f16c)
 
 // Register-resident peak loops for the ceilings (no memory traffic): returns flops done.
 double peak_loop_amx(int64_t iters);
