@@ -146,12 +146,8 @@ LinearWeight prepare_linear(const Tensor& weight, bool keep_tensor) {
 
 LinearWeight prepare_quantized_linear(const Tensor& codes, const Tensor& scale, const QuantScheme& quant,
                                       int64_t out, int64_t in) {
-  // The hook for a device implementation of quantized linears: until one exists, a CUDA device
-  // refuses them here, at load, instead of failing at the first forward.
-  if (codes.device().is_cuda())
-    throw Unsupported(std::string(quant.kind == QuantScheme::Kind::kFp4E2M1 ? "FP4" : "FP8") +
-                      " block-quantized linears on CUDA are not supported by this build yet; load with "
-                      "--dequantize (LoadOptions::dequantize) or on the CPU");
+  // Both devices run quantized linears in place (host: src/cpu/quant_linear.cpp; CUDA:
+  // src/ops/cuda/linear_quant.cu): nothing to prepare.
   LinearWeight w;
   w.tensor = codes;
   w.scale = scale;
@@ -163,6 +159,9 @@ LinearWeight prepare_quantized_linear(const Tensor& codes, const Tensor& scale, 
 }
 
 Tensor linear(const Tensor& x, const LinearWeight& weight, const Tensor& bias, DType act) {
+  if (weight.quantized())
+    return dispatch("linear", x.device(), [&] { return cpu::linear(x, weight, bias, act); },
+                    MOEX_OPS_DEVICE(linear_quantized(x, weight, bias, act)));
   return dispatch("linear", x.device(), [&] { return cpu::linear(x, weight, bias, act); },
                   MOEX_OPS_DEVICE(linear(x, weight.tensor, bias, act)));
 }

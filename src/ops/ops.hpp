@@ -207,7 +207,7 @@ void rope2_(Tensor& a, int64_t heads_a, Tensor& b, int64_t heads_b, int64_t head
 //   FP4: kI8 [out, in / 2] as stored, two e2m1 codes per byte, low nibble = even column), `scale` the
 //   block scales [ceil(out / quant.block_n), ceil(in / quant.block_k)] (kF32 or kF8E8M0),
 //   `dtype` the codes' dtype; nothing packed and no full-precision copy. The host runs it with
-//   src/cpu/quant_linear.hpp; a CUDA device refuses it at prepare_quantized_linear.
+//   src/cpu/quant_linear.hpp, a CUDA device with src/ops/cuda/linear_quant.cu.
 struct LinearWeight {
   Tensor tensor;  // [out, in] as loaded, or undefined (host, packed and not kept)
   std::shared_ptr<const ::moex::cpu::DenseLinear> packed;  // host only; null: `tensor` is read in place
@@ -226,10 +226,7 @@ struct LinearWeight {
 // per-group kv_b_proj). Host weights of a dtype the engine does not pack keep their tensor.
 LinearWeight prepare_linear(const Tensor& weight, bool keep_tensor = false);
 // A quantized weight (codes + block scales, both on the same device, shapes as LinearWeight
-// documents; the loader validated them) kept as it is stored. The one place a device decides
-// whether it runs quantized linears: the host does (src/cpu/quant_linear.hpp); a CUDA device
-// throws Unsupported "FP8 / FP4 linears on CUDA are not supported by this build yet; load with
-// --dequantize (LoadOptions::dequantize)".
+// documents; the loader validated them) kept as it is stored, on either device.
 LinearWeight prepare_quantized_linear(const Tensor& codes, const Tensor& scale, const QuantScheme& quant,
                                       int64_t out, int64_t in);
 

@@ -78,6 +78,8 @@ std::vector<Tensor> linear_gemv_segments(const Tensor& x, std::span<const Tensor
                                          std::span<const Tensor* const> biases);
 // ops::linears: one GEMV launch when every linear qualifies, else one linear() each.
 std::vector<Tensor> linears(const Tensor& x, std::span<const LinearOf> ls, DType act);
+// A block-quantized weight (LinearWeight::quantized()), linear_quant.cu.
+Tensor linear_quantized(const Tensor& x, const LinearWeight& w, const Tensor& bias, DType act);
 // cuBLASLt strided batched (one call, one batch per group, blocks read in place), float32
 // accumulation, rounded once to act in the epilogue.
 Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_weight, DType act);

@@ -182,12 +182,14 @@ std::vector<Tensor> linears(const Tensor& x, std::span<const LinearOf> ls, DType
     const Tensor& b = l.bias ? *l.bias : none;
     ws.push_back(&l.weight->tensor);
     bs.push_back(&b == &none ? nullptr : l.bias);
-    one_launch = one_launch && gemv_serves(x, l.weight->tensor, b, act) &&
+    one_launch = one_launch && !l.weight->quantized() && gemv_serves(x, l.weight->tensor, b, act) &&
                  l.weight->tensor.size(1) == ls[0].weight->tensor.size(1);
   }
   if (one_launch) return linear_gemv_segments(x, ws, bs);
   std::vector<Tensor> ys;
-  for (const LinearOf& l : ls) ys.push_back(linear(x, l.weight->tensor, l.bias ? *l.bias : none, act));
+  for (const LinearOf& l : ls)
+    ys.push_back(l.weight->quantized() ? linear_quantized(x, *l.weight, l.bias ? *l.bias : none, act)
+                                       : linear(x, l.weight->tensor, l.bias ? *l.bias : none, act));
   return ys;
 }
 
