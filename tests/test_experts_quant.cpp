@@ -388,7 +388,7 @@ TEST(QuantExpertsCpu, BoundaryErrorsNameTheProblem) {
   EXPECT_THROW(experts_forward("eager", s, good, ints, r.top_k_index, r.top_k_weights), InvalidInput);
 }
 
-// A backend that does not declare quantized_weights (the CUDA implementations in this build) is
+// A backend that does not declare quantized_weights (a user's own backend, say) is
 // refused at the boundary with a message naming the reason, never run on FP8 bytes.
 TEST(QuantExpertsCpu, BackendsWithoutQuantizedCapsRefuseClearly) {
   struct PlainOnly final : ExpertsBackend {

@@ -196,6 +196,8 @@ ExpertsWeights experts_weights_to(const ExpertsWeights& w, Device device) {
   g.down = to(w.down);
   g.gate_up_bias = to(w.gate_up_bias);
   g.down_bias = to(w.down_bias);
+  g.gate_up_scale = to(w.gate_up_scale);
+  g.down_scale = to(w.down_scale);
   return g;
 }
 

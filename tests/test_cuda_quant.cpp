@@ -1,0 +1,177 @@
+// Quantized (FP8 e4m3 / FP4 e2m1) experts on CUDA: every CUDA backend against the float64
+// reference of the quantized math with its midpoint-crossing bound (the same rule as the CPU
+// backends, tests/test_experts_quant.cpp), on both kernel paths (the decode GEMV at T <= 16 with
+// H, I multiples of 16; the CUDA-core tiles otherwise), graph capture, and agreement between the
+// CUDA backends. Skips cleanly where no GPU exists (CI).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "moex/bench.hpp"
+#include "moex/experts.hpp"
+#include "moex/quant.hpp"
+#include "support/test_support.hpp"
+
+#ifndef MOEX_WITH_CUDA
+
+TEST(CudaQuantExperts, SkippedInCpuOnlyBuild) { GTEST_SKIP() << "built without CUDA (MOEX_CUDA=OFF)"; }
+
+#else
+
+#include "cuda/runtime.hpp"
+
+using namespace moex;
+using namespace moex::test;
+
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (moex::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+ExpertsSpec quant_spec(bool fp4, DType scale_dtype, int64_t E, int64_t H, int64_t I,
+                       bool gated = true) {
+  ExpertsSpec s;
+  s.num_experts = E;
+  s.hidden = H;
+  s.intermediate = I;
+  s.has_gate = gated;
+  s.quant.kind = fp4 ? QuantScheme::Kind::kFp4E2M1 : QuantScheme::Kind::kFp8E4M3;
+  s.quant.scale_dtype = fp4 ? DType::kF8E8M0 : scale_dtype;
+  s.quant.block_n = fp4 ? 1 : 128;
+  s.quant.block_k = fp4 ? 32 : 128;
+  return s;
+}
+
+double l2_diff(const Tensor& out, const Tensor& ref) {
+  const std::vector<float> o = out.to_float_vector();
+  const double* r = ref.data<double>();
+  double s = 0;
+  for (size_t i = 0; i < o.size(); ++i) s += (double(o[i]) - r[i]) * (double(o[i]) - r[i]);
+  return std::sqrt(s);
+}
+double l2_f64(const Tensor& ref) {
+  const double* r = ref.data<double>();
+  double s = 0;
+  for (int64_t i = 0; i < int64_t(ref.numel()); ++i) s += r[i] * r[i];
+  return std::sqrt(s);
+}
+
+Tensor on_gpu(const Tensor& t) { return t.defined() ? t.to(Device::cuda()) : t; }
+
+void check_case(const std::string& backend, const ExpertsSpec& s, const ExpertsWeights& w_host,
+                const ExpertsWeights& w_gpu, DType act, int64_t T, int64_t k, RoutingCase rc,
+                uint64_t seed) {
+  SCOPED_TRACE(backend + " " + s.str() + " " + std::string(dtype_name(act)) + " T=" +
+               std::to_string(T) + " " + routing_case_name(rc) + " seed=" + std::to_string(seed));
+  Routing r = random_routing(s, T, k, act, seed, rc);
+  const QuantizedReference ref =
+      experts_reference_f64_bounded(s, w_host, r.hidden, r.top_k_index, r.top_k_weights);
+  Tensor out = experts_forward(backend, s, w_gpu, on_gpu(r.hidden), on_gpu(r.top_k_index),
+                               on_gpu(r.top_k_weights))
+                   .to(Device::cpu());
+  ASSERT_EQ(out.shape(), (Shape{T, s.hidden}));
+  const double err = l2_diff(out, ref.out), norm = l2_f64(ref.out);
+  const double tol = experts_tolerance(act, std::max(s.hidden, s.intermediate));
+  EXPECT_LE(err, tol * norm + ref.crossing_bound)
+      << "relative error " << (norm > 0 ? err / norm : err) << ", tolerance " << tol
+      << ", elements near an e4m3 midpoint " << ref.near_midpoints << " of " << ref.elements;
+}
+
+class CudaQuantExperts : public ::testing::TestWithParam<std::string> {};
+
+// (H, I) = (256, 128) and (160, 96) take the GEMV up to 16 tokens; (160, 200) never (I % 16).
+TEST_P(CudaQuantExperts, Fp8BothPathsAndUglyShapes) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 7100;
+  for (DType sd : {DType::kF32, DType::kF8E8M0})
+    for (auto [H, I] : {std::pair<int64_t, int64_t>{256, 128}, {160, 96}, {160, 200}}) {
+      const ExpertsSpec s = quant_spec(false, sd, 6, H, I);
+      const ExpertsWeights w = random_quantized_experts_weights(s, ++seed);
+      const ExpertsWeights wg = experts_weights_to(w, Device::cuda());
+      for (DType act : {DType::kF32, DType::kBF16})
+        for (int64_t T : {0, 1, 7, 16, 17, 64, 300})
+          check_case(GetParam(), s, w, wg, act, T, 3, RoutingCase::kRandom, ++seed);
+    }
+}
+
+TEST_P(CudaQuantExperts, Fp4BothPaths) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 7200;
+  for (auto [H, I] : {std::pair<int64_t, int64_t>{256, 96}, {288, 32}}) {
+    const ExpertsSpec s = quant_spec(true, DType::kF8E8M0, 5, H, I);
+    const ExpertsWeights w = random_quantized_experts_weights(s, ++seed);
+    const ExpertsWeights wg = experts_weights_to(w, Device::cuda());
+    for (DType act : {DType::kF32, DType::kBF16, DType::kF16})
+      for (int64_t T : {1, 7, 64, 1000})
+        check_case(GetParam(), s, w, wg, act, T, 2, RoutingCase::kRandom, ++seed);
+  }
+}
+
+TEST_P(CudaQuantExperts, RoutingCasesAndUngated) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 7300;
+  for (bool gated : {true, false})
+    for (RoutingCase rc : {RoutingCase::kEveryExpert, RoutingCase::kEmptyExperts,
+                           RoutingCase::kDuplicates, RoutingCase::kSentinels})
+      for (int64_t T : {1, 7, 64}) {
+        for (bool fp4 : {false, true}) {
+          const ExpertsSpec s = quant_spec(fp4, DType::kF8E8M0, 7, fp4 ? 64 : 160, 96, gated);
+          const ExpertsWeights w = random_quantized_experts_weights(s, ++seed);
+          check_case(GetParam(), s, w, experts_weights_to(w, Device::cuda()), DType::kF32, T, 4, rc,
+                     ++seed);
+        }
+      }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaQuantExperts,
+                         ::testing::Values("eager", "batched_mm", "grouped_mm"),
+                         [](const auto& info) { return info.param; });
+
+// Decode-sized quantized experts captured once in a CUDA graph and replayed with new routing
+// written into the same device tensors (the GEMV path, T = 4; and the tile path, T = 40).
+TEST(CudaQuantExpertsGraph, CapturedCallReplaysWithNewRouting) {
+  SKIP_WITHOUT_GPU();
+  for (bool fp4 : {false, true})
+    for (int64_t T : {4, 40})
+      for (const std::string backend : {"batched_mm", "grouped_mm"}) {
+        const ExpertsSpec s = quant_spec(fp4, DType::kF32, 8, 256, 128);
+        const ExpertsWeights w = random_quantized_experts_weights(s, 7401);
+        Experts experts(s, experts_weights_to(w, Device::cuda()));
+        Routing r0 = random_routing(s, T, 2, DType::kBF16, 7402, RoutingCase::kRandom);
+        Tensor hidden = on_gpu(r0.hidden), idx = on_gpu(r0.top_k_index),
+               tw = on_gpu(r0.top_k_weights);
+        (void)experts.forward(backend, hidden, idx, tw);  // warm: workspace cached
+        moex::cuda::synchronize();
+        cudaStream_t stream = moex::cuda::current_stream();
+        cudaGraph_t graph = nullptr;
+        ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        Tensor out = experts.forward(backend, hidden, idx, tw);
+        ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+        cudaGraphExec_t exec = nullptr;
+        ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+        for (int round = 0; round < 2; ++round) {
+          Routing r = random_routing(s, T, 2, DType::kBF16, 7410 + round,
+                                     round ? RoutingCase::kSentinels : RoutingCase::kDuplicates);
+          for (auto [dst, src] : {std::pair<Tensor*, Tensor*>{&hidden, &r.hidden},
+                                  {&idx, &r.top_k_index}, {&tw, &r.top_k_weights}})
+            moex::cuda::copy_bytes(dst->raw(), dst->device(), src->raw(), Device::cpu(),
+                                   dst->nbytes());
+          ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+          moex::cuda::synchronize();
+          const QuantizedReference ref =
+              experts_reference_f64_bounded(s, w, r.hidden, r.top_k_index, r.top_k_weights);
+          const double tol = experts_tolerance(DType::kBF16, 256);
+          EXPECT_LE(l2_diff(out.to(Device::cpu()), ref.out), tol * l2_f64(ref.out) + ref.crossing_bound)
+              << backend << " fp4=" << fp4 << " T=" << T << " round " << round;
+        }
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      }
+}
+
+}  // namespace
+
+#endif
