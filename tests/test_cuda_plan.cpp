@@ -120,6 +120,30 @@ TEST(CudaPlan, BatchedIsAGemvForOneTokenAndTensorCoreTilesBeyond) {
   EXPECT_EQ(plan_batched_mm(shape(1, 4, 60, 2048, 1408, Elem::kF32), kH200).gemm, GemmPath::kSimt);
 }
 
+// Quantized experts: batched_mm streams every pair through the GEMV at any T; grouped_mm uses
+// the GEMV up to 16 tokens and the CUDA-core tiles beyond; shapes the GEMV cannot read (I % 16)
+// take the tiles; no tensor-core plan is accepted.
+TEST(CudaPlan, QuantizedExpertsRunTheCudaCoreKernels) {
+  for (int64_t T : {1, 16, 17, 4096}) {
+    ExpertsShape s = shape(T, 8, 32, 7168, 2048);
+    s.quantized = true;
+    const ExpertsPlan b = plan_batched_mm(s, kH200), g = plan_grouped_mm(s, kH200);
+    EXPECT_EQ(b.gemm, GemmPath::kGemv) << T;
+    EXPECT_EQ(b.tile_rows, 1) << T;
+    EXPECT_EQ(g.gemm, T <= kQuantGemvMaxTokens ? GemmPath::kGemv : GemmPath::kSimt) << T;
+    EXPECT_NO_THROW(check_plan(b, s, kH200));
+    EXPECT_NO_THROW(check_plan(g, s, kH200));
+    ExpertsPlan mma = g;
+    mma.gemm = GemmPath::kMmaSync;
+    mma.tile_rows = 16;
+    EXPECT_THROW(check_plan(mma, s, kH200), moex::InvalidInput);
+    ExpertsShape ragged = shape(T, 8, 32, 7168, 200);
+    ragged.quantized = true;
+    EXPECT_EQ(plan_batched_mm(ragged, kH200).gemm, GemmPath::kSimt) << T;
+    EXPECT_EQ(plan_grouped_mm(ragged, kH200).gemm, GemmPath::kSimt) << T;
+  }
+}
+
 TEST(CudaPlan, PlansArePureFunctions) {
   // The same inputs give the same plan (no hidden state: the policy reads nothing else).
   for (int64_t T : {1, 480, 4096, 16384})

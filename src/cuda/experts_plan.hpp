@@ -75,8 +75,8 @@ bool quant_gemv_applies(const ExpertsShape& s);
 // dominate), 64-row wgmma tiles around 32 rows per expert, 128-row tiles beyond (Hopper: wgmma,
 // ping-pong down GEMM when I <= 2048); SIMT where the tensor-core kernels do not apply.
 ExpertsPlan plan_grouped_mm(const ExpertsShape& s, const DeviceTraits& d);
-// Quantized experts (both backends): the GEMV while T <= kQuantGemvMaxTokens, else the
-// CUDA-core tile kernel.
+// Quantized experts: the GEMV (batched_mm at every T, grouped_mm while T <=
+// kQuantGemvMaxTokens) where it applies, else the CUDA-core tile kernel.
 inline constexpr int64_t kQuantGemvMaxTokens = 16;
 // batched_mm: one 16-row mma.sync tile per (token, slot) pair, or one SIMT tile.
 ExpertsPlan plan_batched_mm(const ExpertsShape& s, const DeviceTraits& d);
