@@ -106,8 +106,7 @@ def _define_op():
     import torch
     from typing import Optional
 
-    @torch.library.custom_op("moex::experts_forward", mutates_args=())
-    def experts_op(
+    def experts_impl(
         hidden: torch.Tensor,
         top_k_index: torch.Tensor,
         top_k_weights: torch.Tensor,
@@ -134,26 +133,40 @@ def _define_op():
                         capturing=_arrays.capturing(hidden))
         return out
 
+    experts_op = torch.library.custom_op("moex::experts_forward", mutates_args=())(experts_impl)
+
     @experts_op.register_fake
     def _(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, gate_up_proj_bias,
           down_proj_bias, has_gate, is_transposed, is_concatenated, activation, swiglu_limit,
           swiglu_alpha, implementation):
         return hidden.new_empty(hidden.shape)
 
+    global _experts_impl
+    _experts_impl = experts_impl
     return experts_op
+
+
+# The op's body, called directly outside torch.compile: the dispatcher's round trip through a
+# Python custom op costs tens of microseconds per call, as much as a decode-sized experts call.
+_experts_impl = None
 
 
 def _experts_function(backend):
     import torch
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        flags = layout(self)
+        # The layout is a property of the module's class and config: read once per module.
+        flags = self.__dict__.get("_moex_layout")
+        if flags is None:
+            flags = self.__dict__["_moex_layout"] = layout(self)
         if flags["has_gate"]:
             gate_up, gate_up_bias = self.gate_up_proj, getattr(self, "gate_up_proj_bias", None)
         else:
             gate_up, gate_up_bias = self.up_proj, getattr(self, "up_proj_bias", None)
         has_bias = bool(getattr(self, "has_bias", False))
-        return torch.ops.moex.experts_forward(
+        # torch.compile traces the custom op (one graph node); eager calls skip the dispatcher.
+        op = torch.ops.moex.experts_forward if torch.compiler.is_compiling() else _experts_impl
+        return op(
             hidden_states, top_k_index, top_k_weights, gate_up, self.down_proj,
             gate_up_bias if has_bias else None, self.down_proj_bias if has_bias else None,
             flags["has_gate"], flags["is_transposed"], flags["is_concatenated"], flags["activation"],
