@@ -7,6 +7,17 @@
 
 namespace moex::cuda {
 
+// Runs f(T{}) with T the element type: the one run-time -> compile-time switch on Elem (host
+// code of the launchers).
+template <class F>
+void dispatch_elem(Elem e, F&& f) {
+  switch (e) {
+    case Elem::kF32: f(float{}); break;
+    case Elem::kF16: f(__half{}); break;
+    case Elem::kBF16: f(__nv_bfloat16{}); break;
+  }
+}
+
 // Plain-old-data view of GroupedGemmArgs for the device (no host types, passed by value).
 struct GemmParams {
   const void* a;

@@ -18,16 +18,6 @@ size_t elem_size(Elem e) { return e == Elem::kF32 ? 4 : 2; }
 static_assert(int(Elem::kF32) == kCodeF32 && int(Elem::kF16) == kCodeF16 &&
               int(Elem::kBF16) == kCodeBF16);
 
-// Runs f(T{}) with T the element type: the one run-time -> compile-time switch on Elem.
-template <class F>
-void dispatch_elem(Elem e, F&& f) {
-  switch (e) {
-    case Elem::kF32: f(float{}); break;
-    case Elem::kF16: f(__half{}); break;
-    case Elem::kBF16: f(__nv_bfloat16{}); break;
-  }
-}
-
 // ---------------------------------------------------------------- routing
 
 int64_t route_max_tiles(int64_t pairs, int64_t experts, int tile_rows) {

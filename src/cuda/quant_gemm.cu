@@ -11,15 +11,6 @@
 namespace moex::cuda {
 namespace {
 
-template <class F>
-void dispatch_elem_q(Elem e, F&& f) {
-  switch (e) {
-    case Elem::kF32: f(float{}); break;
-    case Elem::kF16: f(__half{}); break;
-    case Elem::kBF16: f(__nv_bfloat16{}); break;
-  }
-}
-
 template <class T, int kKind, int kGroups>
 void launch_quant_kind(const QuantGemmParams& q, const QuantWeightArgs& w, dim3 grid,
                        cudaStream_t s) {
@@ -56,7 +47,7 @@ void launch_quantize_act(const void* x, Elem elem, int64_t rows, int K, const in
   if (rows <= 0 || K <= 0) return;
   const int64_t warps = rows * ((K + kQuantBlockK - 1) / kQuantBlockK);
   const unsigned blocks = unsigned((warps + 7) / 8);
-  dispatch_elem_q(elem, [&](auto t) {
+  dispatch_elem(elem, [&](auto t) {
     using T = decltype(t);
     quantize_act_kernel<T><<<blocks, 256, 0, stream>>>(static_cast<const T*>(x), rows, K,
                                                        valid_rows, q, s);
@@ -69,7 +60,7 @@ void launch_grouped_gemm_quant(const GroupedGemmArgs& a, const QuantWeightArgs& 
   if (a.max_tiles <= 0) return;
   const QuantGemmParams q = quant_params(to_params(a), w, aq, as, -1);
   const dim3 grid(unsigned(a.max_tiles), unsigned((a.N + 31) / 32));
-  dispatch_elem_q(a.elem, [&](auto t) {
+  dispatch_elem(a.elem, [&](auto t) {
     using T = decltype(t);
     if (a.kind == GemmKind::kDown) launch_quant_kind<T, kQuantDown, 1>(q, w, grid, stream);
     else if (a.gated) launch_quant_kind<T, kQuantGateUp, 2>(q, w, grid, stream);
@@ -100,7 +91,7 @@ void launch_grouped_gemv_quant(const GroupedGemmArgs& a, const QuantWeightArgs& 
     throw Unsupported("quantized GEMV: " + std::to_string(a.N) + " output columns");
   const QuantGemmParams q = quant_params(to_params(a), w, aq, as, -1);
   const dim3 grid(unsigned(a.max_tiles), unsigned(col_blocks));
-  dispatch_elem_q(a.elem, [&](auto t) {
+  dispatch_elem(a.elem, [&](auto t) {
     using T = decltype(t);
     if (a.kind == GemmKind::kDown) launch_gemv_quant_kind<T, kQuantDown, 1>(q, w, grid, stream);
     else if (a.gated) launch_gemv_quant_kind<T, kQuantGateUp, 2>(q, w, grid, stream);
@@ -127,7 +118,7 @@ void launch_linear_quant(const uint8_t* aq, const float* as, int64_t rows, int K
   const bool gemv = rows <= kQuantLinearGemvMaxRows && K % (qw.fp4 ? 32 : 16) == 0 &&
                     (reinterpret_cast<uintptr_t>(w) & 15) == 0 &&
                     (N + kQuantGemvColumns - 1) / kQuantGemvColumns <= 65535;
-  dispatch_elem_q(elem, [&](auto t) {
+  dispatch_elem(elem, [&](auto t) {
     using T = decltype(t);
     if (gemv) {
       const dim3 grid(1, unsigned((N + kQuantGemvColumns - 1) / kQuantGemvColumns));

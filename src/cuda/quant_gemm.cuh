@@ -84,6 +84,16 @@ struct QuantGemmParams {
   int linear_rows;         // >= 0: a plain linear over this many rows (no tiles, no experts)
 };
 
+// FP8 scale row of weight row `src`: one group reads row src / block_n; a gated gate_up keeps
+// gate's scale rows, then up's (quant::fused_scale_row in include/moex/quant.hpp).
+template <int kGroups>
+__device__ __forceinline__ int64_t fp8_scale_row(const QuantGemmParams& q, int64_t src) {
+  const int64_t bn = q.block_n;
+  if (kGroups == 1) return src / bn;
+  const int64_t I = q.g.I;
+  return src < I ? src / bn : (I + bn - 1) / bn + (src - I) / bn;
+}
+
 enum QuantKind : int { kQuantGateUp = 0, kQuantDown = 1, kQuantLinear = 2 };
 
 template <bool kE8M0>
@@ -118,12 +128,6 @@ __global__ void __launch_bounds__(256) grouped_gemm_quant_kernel(QuantGemmParams
   const uint8_t* w = static_cast<const uint8_t*>(p.w) + tile.expert * p.w_expert_stride;
   const int64_t s_base = tile.expert * q.scale_expert_stride;
   const int s_cols = kFp4 ? K / kQuantFp4BlockK : nb;
-  // Scale row of weight row `src` (gate rows first, then up; see quant::fused_scale_row).
-  auto fp8_scale_row = [&](int64_t src) -> int64_t {
-    if (kGroups == 1) return src / q.block_n;
-    const int64_t I = p.I, bn = q.block_n;
-    return src < I ? src / bn : (I + bn - 1) / bn + (src - I) / bn;
-  };
 
   for (int r0 = 0; r0 < tile.rows; r0 += BM) {
     const int rows = min(BM, tile.rows - r0);
@@ -184,7 +188,7 @@ __global__ void __launch_bounds__(256) grouped_gemm_quant_kernel(QuantGemmParams
               float sw = 1.f;
               if (!kFp4 && j < p.N)
                 sw = scale_at<kE8M0>(q.scale,
-                                     s_base + fp8_scale_row(b_source_row<kGroups>(p, j, g)) * s_cols + b);
+                                     s_base + fp8_scale_row<kGroups>(q, b_source_row<kGroups>(p, j, g)) * s_cols + b);
               acc[g][i][jj] = fmaf(part[g][i][jj], sa * sw, acc[g][i][jj]);
               part[g][i][jj] = 0.f;
             }
@@ -253,11 +257,6 @@ __global__ void __launch_bounds__(kQuantGemvWarps * 32) grouped_gemv_quant_kerne
 #pragma unroll
     for (int c = 0; c < kQuantGemvColumns; ++c)
       src[g][c] = b_source_row<kGroups>(p, j0 + min(c, cols - 1), g);
-  auto fp8_scale_row = [&](int64_t r) -> int64_t {
-    if (kGroups == 1) return r / q.block_n;
-    const int64_t I = p.I, bn = q.block_n;
-    return r < I ? r / bn : (I + bn - 1) / bn + (r - I) / bn;
-  };
 
   __shared__ float part[kQuantGemvWarps][kGroups][kQuantGemvColumns];
   for (int r = 0; r < tile.rows; ++r) {
@@ -297,7 +296,7 @@ __global__ void __launch_bounds__(kQuantGemvWarps * 32) grouped_gemv_quant_kerne
             }
           }
           const float sw = kFp4 ? scale_at<kE8M0>(q.scale, s_base + src[g][c] * s_cols + k / kQuantFp4BlockK)
-                                : scale_at<kE8M0>(q.scale, s_base + fp8_scale_row(src[g][c]) * s_cols +
+                                : scale_at<kE8M0>(q.scale, s_base + fp8_scale_row<kGroups>(q, src[g][c]) * s_cols +
                                                                k / kQuantBlockK);
           acc[g][c] = fmaf(s, sa * sw, acc[g][c]);
         }
