@@ -37,7 +37,7 @@ def experts_forward(
     Each call prepares the backend afresh (the CPU grouped_mm packs the weights): build a
     moex.Experts once to call it repeatedly.
     """
-    s = _arrays.stream_of(hidden, stream)
+    s, from_torch = _arrays.call_stream(hidden, stream)
     experts = Experts(
         _arrays.plain(gate_up_proj),
         _arrays.plain(down_proj),
@@ -50,6 +50,7 @@ def experts_forward(
         swiglu_limit=swiglu_limit,
         swiglu_alpha=swiglu_alpha,
         stream=s,
+        torch_stream=from_torch,
     )
     if out is None:
         out = _arrays.empty_like(hidden)
@@ -61,5 +62,6 @@ def experts_forward(
         out,
         stream=s,
         capturing=_arrays.capturing(hidden),
+        torch_stream=from_torch,
     )
     return out

@@ -78,17 +78,17 @@ def _signature(t):
     return (t.data_ptr(), version, tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
 
 
-def _experts_for(gate_up, down, gate_up_bias, down_bias, flags, stream):
+def _experts_for(gate_up, down, gate_up_bias, down_bias, flags, stream, torch_stream=False):
     """The cached moex Experts over these weights, rebuilt when they changed. The moex object
     views detached aliases of the weights, so it never keeps the weight objects themselves
     alive and the weak entry dies with them."""
-    sig = (tuple(sorted(flags.items())),) + tuple(_signature(t) for t in (gate_up, down, gate_up_bias, down_bias))
+    sig = (flags, _signature(gate_up), _signature(down), _signature(gate_up_bias), _signature(down_bias))
     hit = _prepared.get(id(gate_up))
     if hit is not None and hit[0]() is gate_up and hit[1] == sig:
         return hit[2]
     detach = lambda t: None if t is None else t.detach()  # noqa: E731
     experts = _moex.Experts(detach(gate_up), detach(down), detach(gate_up_bias), detach(down_bias),
-                            stream=stream, **flags)
+                            stream=stream, torch_stream=torch_stream, **flags)
     try:
         ref = weakref.ref(gate_up, lambda _, key=id(gate_up): _prepared.pop(key, None))
     except TypeError:  # not weak-referenceable: no cache
@@ -124,13 +124,16 @@ def _define_op():
     ) -> torch.Tensor:
         flags = dict(has_gate=has_gate, is_transposed=is_transposed, is_concatenated=is_concatenated,
                      activation=activation, swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha)
-        stream = _arrays.stream_of(hidden)
-        experts = _experts_for(gate_up_proj, down_proj, gate_up_proj_bias, down_proj_bias, flags, stream)
-        hidden = hidden.detach().contiguous()
-        out = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
-        experts.forward(implementation, hidden, top_k_index.detach().contiguous(),
-                        top_k_weights.detach().contiguous(), out, stream=stream,
-                        capturing=_arrays.capturing(hidden))
+        stream, from_torch = _arrays.call_stream(hidden)
+        experts = _experts_for(gate_up_proj, down_proj, gate_up_proj_bias, down_proj_bias, flags,
+                               stream, from_torch)
+        # Torch tensors are read in place through their attributes (no DLPack export, no detach
+        # needed); only the layout must be what the kernels read.
+        hidden = hidden.contiguous()
+        out = torch.empty_like(hidden)
+        experts.forward(implementation, hidden, top_k_index.contiguous(), top_k_weights.contiguous(),
+                        out, stream=stream, capturing=_arrays.capturing(hidden),
+                        torch_stream=from_torch)
         return out
 
     experts_op = torch.library.custom_op("moex::experts_forward", mutates_args=())(experts_impl)

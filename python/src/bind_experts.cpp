@@ -43,8 +43,8 @@ class PyExperts {
  public:
   PyExperts(py::handle gate_up, py::handle down, py::handle gate_up_bias, py::handle down_bias,
             bool has_gate, bool is_transposed, bool is_concatenated, const std::string& activation,
-            float swiglu_limit, float swiglu_alpha, int64_t stream) {
-    const ImportOptions in{dlpack_stream(stream), false};
+            float swiglu_limit, float swiglu_alpha, int64_t stream, bool torch_stream) {
+    const ImportOptions in{dlpack_stream(stream), false, torch_stream};
     ExpertsWeights w;
     w.gate_up = import_tensor(gate_up, "gate_up_proj", in);
     w.down = import_tensor(down, "down_proj", in);
@@ -83,8 +83,10 @@ class PyExperts {
   // Writes out = experts(hidden, routing) with backend `implementation`, enqueued on `stream`
   // (CUDA; DLPack encoding) and returns once it is enqueued (host backends: once it is done).
   void forward(const std::string& implementation, py::handle hidden, py::handle top_k_index,
-               py::handle top_k_weights, py::handle out, int64_t stream, bool capturing) const {
-    const ImportOptions in{dlpack_stream(stream), false}, wr{dlpack_stream(stream), true};
+               py::handle top_k_weights, py::handle out, int64_t stream, bool capturing,
+               bool torch_stream) const {
+    const ImportOptions in{dlpack_stream(stream), false, torch_stream},
+        wr{dlpack_stream(stream), true, torch_stream};
     Tensor h = import_tensor(hidden, "hidden", in);
     Tensor idx = import_tensor(top_k_index, "top_k_index", in);
     Tensor tw = import_tensor(top_k_weights, "top_k_weights", in);
@@ -142,16 +144,18 @@ void bind_experts(py::module_& m) {
                         "An experts module over the caller's weight arrays (no copy). See "
                         "moex.experts_forward for the arguments.")
       .def(py::init<py::handle, py::handle, py::handle, py::handle, bool, bool, bool,
-                    const std::string&, float, float, int64_t>(),
+                    const std::string&, float, float, int64_t, bool>(),
            py::arg("gate_up_proj"), py::arg("down_proj"), py::arg("gate_up_proj_bias") = py::none(),
            py::arg("down_proj_bias") = py::none(), py::kw_only(), py::arg("has_gate") = true,
            py::arg("is_transposed") = false, py::arg("is_concatenated") = true,
            py::arg("activation") = "silu", py::arg("swiglu_limit") = 7.0f,
-           py::arg("swiglu_alpha") = 1.702f, py::arg("stream") = 0)
+           py::arg("swiglu_alpha") = 1.702f, py::arg("stream") = 0, py::arg("torch_stream") = false)
       .def("forward", &PyExperts::forward, py::arg("implementation"), py::arg("hidden"),
            py::arg("top_k_index"), py::arg("top_k_weights"), py::arg("out"), py::kw_only(),
-           py::arg("stream") = 0, py::arg("capturing") = false,
-           "Writes the experts' output into `out` ([T, H], hidden's dtype and device).")
+           py::arg("stream") = 0, py::arg("capturing") = false, py::arg("torch_stream") = false,
+           "Writes the experts' output into `out` ([T, H], hidden's dtype and device). "
+           "torch_stream=True says `stream` is torch's current stream of the arrays' device, so "
+           "torch tensors are read without a DLPack export.")
       .def("prepare", &PyExperts::prepare, py::arg("implementation"),
            "Runs the backend's one-time preparation (weight packing) now.")
       .def_property_readonly("spec", &PyExperts::spec)

@@ -4,6 +4,7 @@
 #include "tensor_import.hpp"
 
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -236,6 +237,79 @@ Tensor from_dlpack(py::handle obj, const std::string& name, const ImportOptions&
               d, release);
 }
 
+// torch.Tensor (and subclasses such as nn.Parameter), found without importing torch: only
+// once the caller has imported it.
+PyTypeObject* torch_tensor_type() {
+  static PyTypeObject* type = nullptr;
+  if (type) return type;
+  PyObject* torch = PyImport_GetModule(py::str("torch").ptr());  // new reference or null
+  if (!torch) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  PyObject* t = PyObject_GetAttrString(torch, "Tensor");
+  Py_DECREF(torch);
+  if (!t || !PyType_Check(t)) {
+    PyErr_Clear();
+    Py_XDECREF(t);
+    return nullptr;
+  }
+  type = reinterpret_cast<PyTypeObject*>(t);  // kept for the life of the process
+  return type;
+}
+
+// torch dtype object -> moex DType, learned from the dtype's name once per dtype.
+DType torch_dtype(py::handle dtype, const std::string& name) {
+  static py::dict* known = new py::dict();  // leaked on purpose: outlives interpreter teardown order
+  if (known->contains(dtype)) return DType((*known)[dtype].cast<int>());
+  const std::string s = py::str(dtype);  // "torch.bfloat16"
+  static const std::pair<const char*, DType> names[] = {
+      {"torch.float32", DType::kF32}, {"torch.bfloat16", DType::kBF16}, {"torch.float16", DType::kF16},
+      {"torch.float64", DType::kF64}, {"torch.int64", DType::kI64},     {"torch.int32", DType::kI32},
+      {"torch.int16", DType::kI16},   {"torch.int8", DType::kI8},       {"torch.uint8", DType::kU8},
+      {"torch.bool", DType::kBool}};
+  for (const auto& [n, dt] : names)
+    if (s == n) {
+      (*known)[dtype] = int(dt);
+      return dt;
+    }
+  type_error(name, "unsupported element type " + s + "; moex takes " + supported_dtypes());
+}
+
+// torch.Size / a stride tuple -> integers (pybind11's list caster refuses torch.Size).
+Shape int_tuple(py::handle seq, const std::string& name) {
+  if (!PyTuple_Check(seq.ptr())) type_error(name, "torch tensor shape / strides are not a tuple");
+  Shape out(size_t(PyTuple_GET_SIZE(seq.ptr())));
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(seq.ptr(), Py_ssize_t(i)));
+    if (out[i] == -1 && PyErr_Occurred()) throw py::error_already_set();
+  }
+  return out;
+}
+
+// A torch tensor read through its attributes; nullopt when it must take the DLPack road (a
+// device other than CPU / CUDA, a CUDA tensor off torch's current stream, a lazily negated view).
+std::optional<Tensor> from_torch(py::handle obj, const std::string& name, const ImportOptions& opt) {
+  const bool cuda = obj.attr("is_cuda").cast<bool>();
+  if (cuda ? !opt.on_torch_stream : !obj.attr("is_cpu").cast<bool>()) return std::nullopt;
+  if (obj.attr("is_neg")().cast<bool>()) return std::nullopt;
+  const DType dt = torch_dtype(obj.attr("dtype"), name);
+  Shape shape = int_tuple(obj.attr("shape"), name), strides = int_tuple(obj.attr("stride")(), name);
+  for (int64_t s : strides)
+    if (s < 0) value_error(name, "negative strides (a reversed view) are not supported; pass a copy");
+#ifndef MOEX_WITH_CUDA
+  if (cuda)
+    throw Unsupported(name + ": a CUDA tensor, but this moex module was built without CUDA "
+                      "(rebuild with -DMOEX_CUDA=ON)");
+#endif
+  const Device dev = cuda ? Device::cuda(obj.attr("get_device")().cast<int>()) : Device::cpu();
+  void* data = reinterpret_cast<void*>(obj.attr("data_ptr")().cast<uintptr_t>());
+  PyObject* owner = obj.ptr();
+  Py_INCREF(owner);
+  return view(data, dt, std::move(shape), std::move(strides), dev,
+              [owner] { with_gil([owner] { Py_DECREF(owner); }); });
+}
+
 // __cuda_array_interface__ / __array_interface__: a dict describing memory `obj` keeps alive.
 Tensor from_interface(py::handle obj, const std::string& name, const ImportOptions& opt,
                       bool cuda) {
@@ -265,6 +339,8 @@ Tensor from_interface(py::handle obj, const std::string& name, const ImportOptio
 
 Tensor import_tensor(py::handle obj, const std::string& name, const ImportOptions& opt) {
   if (obj.is_none()) type_error(name, "expected an array, got None");
+  if (PyTypeObject* tt = torch_tensor_type(); tt && PyObject_TypeCheck(obj.ptr(), tt))
+    if (auto t = from_torch(obj, name, opt)) return std::move(*t);
   if (PyObject_CheckBuffer(obj.ptr())) return from_buffer(obj, name, opt);
   if (py::hasattr(obj, "__dlpack__") && py::hasattr(obj, "__dlpack_device__"))
     return from_dlpack(obj, name, opt);
