@@ -1,7 +1,8 @@
 // Quantized (FP8 e4m3 / FP4 e2m1) experts on CUDA: every CUDA backend against the float64
 // reference of the quantized math with its midpoint-crossing bound (the same rule as the CPU
 // backends, tests/test_experts_quant.cpp), on both kernel paths (the decode GEMV at T <= 16 with
-// H, I multiples of 16; the CUDA-core tiles otherwise), graph capture, and agreement between the
+// H, I multiples of 16, including tiles of several rows and shapes not multiples of 128; the
+// CUDA-core tiles otherwise), graph capture, and agreement between the
 // CUDA backends. Skips cleanly where no GPU exists (CI).
 #include <gtest/gtest.h>
 
@@ -124,6 +125,29 @@ TEST_P(CudaQuantExperts, RoutingCasesAndUngated) {
                      ++seed);
         }
       }
+}
+
+// The GEMV's paths: H and I multiples of 16 (FP8) / 32 (FP4) but not of 128 (ragged last 128-wide
+// block, ragged last 512-byte step), few experts so that grouped_mm's tiles hold 2-12 rows (the
+// 2-, 4- and 8-row chunks; 12 = 8 + 4) and batched_mm repeats experts across pairs, duplicate ids.
+TEST_P(CudaQuantExperts, GemvUglyShapesAndSharedExperts) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 7500;
+  struct Shape3 {
+    bool fp4;
+    DType sd;
+    int64_t H, I;
+  };
+  for (const Shape3 c : {Shape3{false, DType::kF32, 208, 144}, {false, DType::kF8E8M0, 208, 144},
+                         {false, DType::kF32, 1040, 272}, {false, DType::kF8E8M0, 1040, 272},
+                         {true, DType::kF8E8M0, 224, 96}, {true, DType::kF8E8M0, 1056, 288}}) {
+    const ExpertsSpec s = quant_spec(c.fp4, c.sd, 4, c.H, c.I);
+    const ExpertsWeights w = random_quantized_experts_weights(s, ++seed);
+    const ExpertsWeights wg = experts_weights_to(w, Device::cuda());
+    for (int64_t T : {1, 3, 16})
+      for (RoutingCase rc : {RoutingCase::kRandom, RoutingCase::kDuplicates})
+        check_case(GetParam(), s, w, wg, DType::kBF16, T, 3, rc, ++seed);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaQuantExperts,

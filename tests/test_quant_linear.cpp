@@ -15,6 +15,10 @@
 #include "moex/quant.hpp"
 #include "ops/ops.hpp"
 
+#ifdef MOEX_WITH_CUDA
+#include "cuda/runtime.hpp"
+#endif
+
 namespace moex {
 namespace {
 
@@ -159,6 +163,32 @@ TEST(QuantLinear, RowsAreIndependentAndBf16RoundsOnce) {
     }
   }
 }
+
+#ifdef MOEX_WITH_CUDA
+// The same math on the GPU (src/cuda/quant_gemv.cuh up to 16 rows with K a multiple of 16 / 32,
+// the tile kernel beyond): float32 sums in another order than the host's.
+TEST(QuantLinear, CudaMatchesFloat64Reference) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 4321;
+  for (auto kind : {QuantScheme::Kind::kFp8E4M3, QuantScheme::Kind::kFp4E2M1})
+    for (DType sd : {DType::kF32, DType::kF8E8M0}) {
+      if (kind == QuantScheme::Kind::kFp4E2M1 && sd == DType::kF32) continue;
+      for (int64_t rows : {1, 3, 8, 16, 17})
+        for (auto [n, k] : {std::pair<int64_t, int64_t>{19, 224}, {130, 1056}, {33, 1000}, {257, 128}}) {
+          if (kind == QuantScheme::Kind::kFp4E2M1 && k % 32) continue;
+          const Case c{kind, sd, rows, n, k, n == 19};
+          const Made m = make(c, ++seed);
+          const Device gpu = Device::cuda();
+          const ops::LinearWeight w =
+              ops::prepare_quantized_linear(m.codes.to(gpu), m.scale.to(gpu), m.scheme, c.n, c.k);
+          const Tensor y = ops::linear(m.x.to(gpu), w, c.bias ? m.bias.to(gpu) : m.bias, DType::kF32)
+                               .to(Device::cpu());
+          ASSERT_EQ(y.shape(), (Shape{c.rows, c.n}));
+          EXPECT_LE(rel_l2(y, reference(c, m)), 4e-6) << name_of(c) << " seed " << seed;
+        }
+    }
+}
+#endif
 
 TEST(QuantLinear, HoldsTheStoredBytesOnly) {
   const Case c{QuantScheme::Kind::kFp8E4M3, DType::kF8E8M0, 1, 257, 300, false};

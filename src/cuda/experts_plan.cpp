@@ -77,7 +77,10 @@ ExpertsPlan simt_plan() {
 // them through the GEMV (up to 16 rows per tile for grouped_mm), larger ones go through the
 // 32-row tile kernel. batched_mm's tiles hold one pair each, at every T: the GEMV computes that
 // row alone, where a 32-row tile would compute 31 rows of padding (measured on the H200 with
-// 32 DeepSeek-sized experts, T = 4096: seconds per call).
+// 32 DeepSeek-sized experts, T = 4096: seconds per call). The GEMV (quant_gemv.cuh) decodes each
+// weight once per chunk of up to 8 tile rows, so a 16-row tile reads its expert at most twice;
+// whether that makes it worth more than kQuantGemvMaxTokens tokens for grouped_mm is for
+// lab/cuda/quant_gemv_lab.cu on the H200 to say (not measured yet: the bound is unchanged).
 ExpertsPlan quant_plan(const ExpertsShape& s, bool per_pair) {
   ExpertsPlan p = simt_plan();
   if (per_pair) p.raster_tiles = 1;

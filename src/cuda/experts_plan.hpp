@@ -68,7 +68,8 @@ bool mma_applies(const ExpertsShape& s);
 bool gemv_applies(const ExpertsShape& s);  // kGemv: bf16 / f16, row-major, K % 8, aligned
 
 bool wgmma_applies(const ExpertsShape& s, const DeviceTraits& d);
-// Quantized experts' GEMV: 16-byte loads along K of e4m3 / e2m1 rows (H, I multiples of 16).
+// Quantized experts' GEMV (quant_gemv.cuh): 16-byte loads along K of e4m3 / e2m1 rows (H, I
+// multiples of 16), each weight decoded once for up to 8 rows of a tile.
 bool quant_gemv_applies(const ExpertsShape& s);
 
 // grouped_mm: 16-row mma.sync tiles while experts average few rows (memory-bound: weights

@@ -1,10 +1,11 @@
-// Launchers of the block-scaled FP8 / FP4 kernels (quant_gemm.cuh): the one run-time ->
+// Launchers of the block-scaled FP8 / FP4 kernels (quant_gemm.cuh, quant_gemv.cuh): the one run-time ->
 // compile-time switch over element type, projection kind, weight format and scale format.
 #include <algorithm>
 #include <cstdint>
 
 #include "cuda/launchers.hpp"
 #include "cuda/quant_gemm.cuh"
+#include "cuda/quant_gemv.cuh"
 #include "cuda/runtime.hpp"
 #include "moex/error.hpp"
 
@@ -69,6 +70,13 @@ void launch_grouped_gemm_quant(const GroupedGemmArgs& a, const QuantWeightArgs& 
 }
 
 namespace {
+// Output columns one GEMV block covers: kQuantGemvWarps warps of kQuantGemvWeightRows weight rows
+// (gate and up rows of a column side by side when gated).
+int64_t gemv_col_blocks(int64_t N, int groups) {
+  const int64_t cols = int64_t(kQuantGemvWarps) * (kQuantGemvWeightRows / groups);
+  return (N + cols - 1) / cols;
+}
+
 template <class T, int kKind, int kGroups>
 void launch_gemv_quant_kind(const QuantGemmParams& q, const QuantWeightArgs& w, dim3 grid,
                             cudaStream_t s) {
@@ -86,7 +94,8 @@ void launch_grouped_gemv_quant(const GroupedGemmArgs& a, const QuantWeightArgs& 
   if (a.max_tiles <= 0 || a.N <= 0) return;
   if (a.K % (w.fp4 ? 32 : 16) != 0)
     throw Error("launch_grouped_gemv_quant: K must be a multiple of 16 (FP8) / 32 (FP4)");
-  const int64_t col_blocks = (int64_t(a.N) + kQuantGemvColumns - 1) / kQuantGemvColumns;
+  const int groups = a.kind == GemmKind::kGateUp && a.gated ? 2 : 1;
+  const int64_t col_blocks = gemv_col_blocks(a.N, groups);
   if (col_blocks > 65535)
     throw Unsupported("quantized GEMV: " + std::to_string(a.N) + " output columns");
   const QuantGemmParams q = quant_params(to_params(a), w, aq, as, -1);
@@ -117,11 +126,11 @@ void launch_linear_quant(const uint8_t* aq, const float* as, int64_t rows, int K
   // Decode-sized calls stream the weight through the GEMV (all rows in one tile).
   const bool gemv = rows <= kQuantLinearGemvMaxRows && K % (qw.fp4 ? 32 : 16) == 0 &&
                     (reinterpret_cast<uintptr_t>(w) & 15) == 0 &&
-                    (N + kQuantGemvColumns - 1) / kQuantGemvColumns <= 65535;
+                    gemv_col_blocks(N, 1) <= 65535;
   dispatch_elem(elem, [&](auto t) {
     using T = decltype(t);
     if (gemv) {
-      const dim3 grid(1, unsigned((N + kQuantGemvColumns - 1) / kQuantGemvColumns));
+      const dim3 grid(1, unsigned(gemv_col_blocks(N, 1)));
       launch_gemv_quant_kind<T, kQuantLinear, 1>(q, qw, grid, stream);
     } else {
       const dim3 grid(unsigned((rows + 31) / 32), unsigned((N + 31) / 32));

@@ -1,5 +1,6 @@
 // Block-scaled FP8 / FP4 products on the CUDA cores: the dynamic 1 x 128 activation quantizer and
-// a grouped GEMM that reads e4m3 / e2m1 weights in place, following include/moex/quant.hpp exactly.
+// a grouped GEMM that reads e4m3 / e2m1 weights in place, following include/moex/quant.hpp exactly
+// (the decode-sized GEMV that shares these helpers is quant_gemv.cuh).
 //
 // Why CUDA cores: the quantized products must be the quant.hpp math to float32 rounding (the
 // experts harness compares every backend with one float64 reference): e4m3 x e4m3 products are
@@ -219,116 +220,7 @@ __global__ void __launch_bounds__(256) grouped_gemm_quant_kernel(QuantGemmParams
   }
 }
 
-// The decode-sized counterpart (few rows per tile, e.g. batched_mm's one pair per tile): a block
-// of 8 warps owns kQuantGemvColumns output columns of one tile (gate and up rows of each, so the
-// activation stays fused, as in grouped_gemv.cuh); each lane streams one 16-byte load per weight
-// row per step (16 e4m3 weights, or 32 e2m1 weights, always inside one scale block), sums its
-// products in fp32 and scales that partial sum by its block's activation and weight scales; the
-// partials are reduced in a fixed order. Needs K a multiple of 16 (FP8) / 32 (FP4) and 16-byte
-// aligned weights (quant_gemv_applies in experts_plan.hpp). Rows of a tile past the first re-read
-// the weights from L1/L2.
-constexpr int kQuantGemvWarps = 8;
-constexpr int kQuantGemvColumns = 4;
-
-template <class T, int kKind, int kGroups, bool kFp4, bool kE8M0>
-__global__ void __launch_bounds__(kQuantGemvWarps * 32) grouped_gemv_quant_kernel(QuantGemmParams q) {
-  pdl_wait();
-  pdl_trigger();
-  const GemmParams& p = q.g;
-  Tile tile{0, 0, q.linear_rows, 0};  // a plain linear: every row in one tile
-  if (kKind != kQuantLinear) {
-    if (int(blockIdx.x) >= *p.num_tiles) return;
-    tile = p.tiles[blockIdx.x];
-  }
-  if (tile.rows <= 0) return;
-  const int j0 = int(blockIdx.y) * kQuantGemvColumns;
-  if (j0 >= p.N) return;
-  const int cols = min(kQuantGemvColumns, p.N - j0);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int K = p.K, nb = (K + kQuantBlockK - 1) / kQuantBlockK;
-  constexpr int kPerLoad = kFp4 ? 32 : 16;  // weights per 16-byte load
-  const int64_t w_row_bytes = kFp4 ? K / 2 : K;
-  const int s_cols = kFp4 ? K / kQuantFp4BlockK : nb;
-  const uint8_t* w = static_cast<const uint8_t*>(p.w) + tile.expert * p.w_expert_stride;
-  const int64_t s_base = tile.expert * q.scale_expert_stride;
-  int64_t src[kGroups][kQuantGemvColumns];
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g)
-#pragma unroll
-    for (int c = 0; c < kQuantGemvColumns; ++c)
-      src[g][c] = b_source_row<kGroups>(p, j0 + min(c, cols - 1), g);
-
-  __shared__ float part[kQuantGemvWarps][kGroups][kQuantGemvColumns];
-  for (int r = 0; r < tile.rows; ++r) {
-    const int pos = tile.row_start + r;
-    const int64_t arow = kKind == kQuantGateUp ? p.sorted_pair[pos] / p.top_k : pos;
-    const uint8_t* a = q.aq + arow * K;
-    float acc[kGroups][kQuantGemvColumns] = {};
-    for (int k = (warp * 32 + lane) * kPerLoad; k < K; k += kQuantGemvWarps * 32 * kPerLoad) {
-      uint4 wv[kGroups][kQuantGemvColumns];
-#pragma unroll
-      for (int g = 0; g < kGroups; ++g)
-#pragma unroll
-        for (int c = 0; c < kQuantGemvColumns; ++c)
-          wv[g][c] = __ldg(reinterpret_cast<const uint4*>(w + src[g][c] * w_row_bytes + (kFp4 ? k / 2 : k)));
-      float xf[kPerLoad];
-#pragma unroll
-      for (int h = 0; h < kPerLoad / 16; ++h) {
-        const uint4 av = __ldg(reinterpret_cast<const uint4*>(a + k + 16 * h));
-        const uint8_t* ab = reinterpret_cast<const uint8_t*>(&av);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) xf[16 * h + i] = e4m3_value(ab[i]);
-      }
-      const float sa = q.as[arow * nb + k / kQuantBlockK];
-#pragma unroll
-      for (int g = 0; g < kGroups; ++g)
-#pragma unroll
-        for (int c = 0; c < kQuantGemvColumns; ++c) {
-          const uint8_t* wb = reinterpret_cast<const uint8_t*>(&wv[g][c]);
-          float s = 0.f;
-#pragma unroll
-          for (int i = 0; i < 16; ++i) {
-            if constexpr (kFp4) {
-              s = fmaf(xf[2 * i], e2m1_value(wb[i] & 15u), s);
-              s = fmaf(xf[2 * i + 1], e2m1_value(wb[i] >> 4), s);
-            } else {
-              s = fmaf(xf[i], e4m3_value(wb[i]), s);
-            }
-          }
-          const float sw = kFp4 ? scale_at<kE8M0>(q.scale, s_base + src[g][c] * s_cols + k / kQuantFp4BlockK)
-                                : scale_at<kE8M0>(q.scale, s_base + fp8_scale_row<kGroups>(q, src[g][c]) * s_cols +
-                                                               k / kQuantBlockK);
-          acc[g][c] = fmaf(s, sa * sw, acc[g][c]);
-        }
-    }
-#pragma unroll
-    for (int g = 0; g < kGroups; ++g)
-#pragma unroll
-      for (int c = 0; c < kQuantGemvColumns; ++c) {
-        float v = acc[g][c];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) part[warp][g][c] = v;
-      }
-    __syncthreads();
-    if (threadIdx.x < cols) {
-      const int c = threadIdx.x;
-      float v[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int g = 0; g < kGroups; ++g)
-#pragma unroll
-        for (int w8 = 0; w8 < kQuantGemvWarps; ++w8) v[g] += part[w8][g][c];
-      if (kKind == kQuantLinear) {
-        float y = v[0];
-        if (p.bias) y += to_float(static_cast<const T*>(p.bias)[j0 + c]);
-        static_cast<T*>(p.out)[int64_t(pos) * p.N + j0 + c] = from_float<T>(y);
-      } else {
-        constexpr GemmKind kind = kKind == kQuantGateUp ? GemmKind::kGateUp : GemmKind::kDown;
-        epilogue_store<T, kind, kGroups>(p, tile.expert, pos, j0 + c, v[0], v[kGroups - 1]);
-      }
-    }
-    __syncthreads();
-  }
-}
+// The decode-sized counterpart (tiles of one or a few rows) is grouped_gemv_quant_kernel in
+// quant_gemv.cuh.
 
 }  // namespace moex::cuda
