@@ -2,6 +2,8 @@
 // so CI checks the policy that the H200 measurements chose (docs/cuda.md, "Tile rows").
 #include <gtest/gtest.h>
 
+#include <string>
+
 #ifndef MOEX_WITH_CUDA
 
 TEST(CudaPlan, SkippedInCpuOnlyBuild) { GTEST_SKIP() << "built without CUDA (MOEX_CUDA=OFF)"; }
@@ -127,12 +129,13 @@ TEST(CudaPlan, QuantizedExpertsRunTheCudaCoreKernels) {
   for (int64_t T : {1, 16, 17, 4096}) {
     ExpertsShape s = shape(T, 8, 32, 7168, 2048);
     s.quantized = true;
-    const ExpertsPlan b = plan_batched_mm(s, kH200), g = plan_grouped_mm(s, kH200);
+    const ExpertsPlan b = plan_batched_mm(s, kH200), g = plan_grouped_mm(s, kA100);
     EXPECT_EQ(b.gemm, GemmPath::kGemv) << T;
     EXPECT_EQ(b.tile_rows, 1) << T;
     EXPECT_EQ(g.gemm, T <= kQuantGemvMaxTokens ? GemmPath::kGemv : GemmPath::kSimt) << T;
     EXPECT_NO_THROW(check_plan(b, s, kH200));
-    EXPECT_NO_THROW(check_plan(g, s, kH200));
+    EXPECT_NO_THROW(check_plan(g, s, kA100));
+    EXPECT_NO_THROW(check_plan(g, s, kH200));  // (how tests force the CUDA-core tiles on Hopper)
     ExpertsPlan mma = g;
     mma.gemm = GemmPath::kMmaSync;
     mma.tile_rows = 16;
@@ -142,6 +145,78 @@ TEST(CudaPlan, QuantizedExpertsRunTheCudaCoreKernels) {
     EXPECT_EQ(plan_batched_mm(ragged, kH200).gemm, GemmPath::kSimt) << T;
     EXPECT_EQ(plan_grouped_mm(ragged, kH200).gemm, GemmPath::kSimt) << T;
   }
+}
+
+// FP8 experts above the GEMV's token range on Hopper: the FP8 wgmma kernel (128-row tiles,
+// 128 weight rows per stage, cooperative); not for FP4, float32 activations, H or I not multiples
+// of 16, ungated or interleaved layouts, misaligned tensors, other GPUs, or batched_mm.
+TEST(CudaPlan, QuantizedFp8OnHopperTensorCores) {
+  auto fp8 = [](int64_t T) {
+    ExpertsShape s = shape(T, 8, 256, 7168, 2048);  // DeepSeek-V3's experts
+    s.quantized = true;
+    return s;
+  };
+  for (int64_t T : {17, 256, 4096, 16384}) {
+    const ExpertsPlan p = plan_grouped_mm(fp8(T), kH200);
+    EXPECT_EQ(p.gemm, GemmPath::kWgmmaFp8) << T;
+    EXPECT_EQ(p.tile_rows, 128);
+    EXPECT_EQ(p.b_rows, 128);
+    EXPECT_FALSE(p.pingpong_gate_up || p.pingpong_down || p.cluster_pairs());
+    EXPECT_EQ(p.raster_tiles, 8);
+    EXPECT_NO_THROW(check_plan(p, fp8(T), kH200));
+    EXPECT_EQ(p.describe(), "TMA + wgmma FP8 e4m3 (sm_90a) tiles of 128 rows, block scales "
+                            "applied per 128-wide K block");
+    EXPECT_EQ(plan_batched_mm(fp8(T), kH200).gemm, GemmPath::kGemv) << T;
+    EXPECT_EQ(plan_grouped_mm(fp8(T), kA100).gemm, GemmPath::kSimt) << T;
+  }
+  EXPECT_STREQ(gemm_path_name(GemmPath::kWgmmaFp8), "wgmma.fp8");
+  EXPECT_EQ(plan_grouped_mm(fp8(16), kH200).gemm, GemmPath::kGemv);
+  EXPECT_EQ(plan_grouped_mm(fp8(1), kH200).gemm, GemmPath::kGemv);
+  ExpertsShape half = fp8(4096);
+  half.elem = Elem::kF16;
+  EXPECT_EQ(plan_grouped_mm(half, kH200).gemm, GemmPath::kWgmmaFp8);
+
+  const ExpertsPlan forced = plan_grouped_mm(fp8(4096), kH200);
+  auto outside = [&](ExpertsShape s, const std::string& what) {
+    EXPECT_EQ(plan_grouped_mm(s, kH200).gemm, GemmPath::kSimt) << what;
+    EXPECT_FALSE(wgmma_fp8_applies(s, kH200)) << what;
+    EXPECT_FALSE(wgmma_fp8_unsupported(s, kH200).empty()) << what;
+    EXPECT_THROW(check_plan(forced, s, kH200), moex::InvalidInput) << what;
+  };
+  ExpertsShape s = fp8(4096);
+  s.fp4 = true;
+  outside(s, "fp4");
+  s = fp8(4096);
+  s.elem = Elem::kF32;
+  outside(s, "f32");
+  s = shape(4096, 8, 256, 7168, 2040);  // I % 16 != 0 (the GEMV does not apply either)
+  s.quantized = true;
+  outside(s, "I % 16");
+  s = shape(4096, 8, 256, 7160, 2048);
+  s.quantized = true;
+  outside(s, "H % 16");
+  s = fp8(4096);
+  s.gated = false;
+  outside(s, "ungated");
+  s = fp8(4096);
+  s.concatenated = false;
+  outside(s, "interleaved");
+  s = fp8(4096);
+  s.aligned16 = false;
+  outside(s, "misaligned");
+  // Off Hopper, on a bf16 shape, or with an edited configuration, check_plan refuses it.
+  EXPECT_THROW(check_plan(forced, fp8(4096), kA100), moex::InvalidInput);
+  EXPECT_THROW(check_plan(forced, qwen(4096), kH200), moex::InvalidInput);
+  for (auto edit : {+[](ExpertsPlan& p) { p.tile_rows = 64; }, +[](ExpertsPlan& p) { p.b_rows = 256; },
+                    +[](ExpertsPlan& p) { p.pingpong_down = true; }}) {
+    ExpertsPlan e = forced;
+    edit(e);
+    EXPECT_THROW(check_plan(e, fp8(4096), kH200), moex::InvalidInput);
+  }
+  // The CUDA-core tiles stay a valid plan for every FP8 shape (tests force them to compare).
+  ExpertsPlan simt = plan_grouped_mm(fp8(4096), kA100);
+  EXPECT_EQ(simt.gemm, GemmPath::kSimt);
+  EXPECT_NO_THROW(check_plan(simt, fp8(4096), kH200));
 }
 
 TEST(CudaPlan, PlansArePureFunctions) {

@@ -1,9 +1,10 @@
 // Quantized (FP8 e4m3 / FP4 e2m1) experts on CUDA: every CUDA backend against the float64
 // reference of the quantized math with its midpoint-crossing bound (the same rule as the CPU
-// backends, tests/test_experts_quant.cpp), on both kernel paths (the decode GEMV at T <= 16 with
-// H, I multiples of 16, including tiles of several rows and shapes not multiples of 128; the
-// CUDA-core tiles otherwise), graph capture, and agreement between the
-// CUDA backends. Skips cleanly where no GPU exists (CI).
+// backends, tests/test_experts_quant.cpp), on every kernel path (the decode GEMV at T <= 16 with
+// H, I multiples of 16, including tiles of several rows and shapes not multiples of 128;
+// grouped_mm's FP8 wgmma kernel above that on Hopper; the CUDA-core tiles otherwise, and forced
+// through a test backend to compare with the wgmma kernel), graph capture, and agreement between
+// the CUDA backends. Skips cleanly where no GPU exists (CI).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,6 +23,8 @@ TEST(CudaQuantExperts, SkippedInCpuOnlyBuild) { GTEST_SKIP() << "built without C
 
 #else
 
+#include "cuda/experts_backend.hpp"
+#include "cuda/experts_ops.hpp"
 #include "cuda/runtime.hpp"
 
 using namespace moex;
@@ -61,6 +64,31 @@ double l2_f64(const Tensor& ref) {
 }
 
 Tensor on_gpu(const Tensor& t) { return t.defined() ? t.to(Device::cuda()) : t; }
+
+// grouped_mm with its quantized plan on the CUDA-core tiles wherever the policy picks the FP8
+// wgmma kernel (what other GPUs run), so the two paths can be compared on one device.
+class GroupedMmQuantTiles final : public moex::cuda::CudaExpertsBackend {
+ protected:
+  std::string description() const override { return "grouped_mm on CUDA-core quantized tiles (tests)"; }
+  moex::cuda::ExpertsPlan plan(const moex::cuda::ExpertsArgs& a,
+                               const moex::cuda::DeviceTraits& d) const override {
+    const moex::cuda::ExpertsShape s = moex::cuda::shape_of(a);
+    moex::cuda::ExpertsPlan p = moex::cuda::plan_grouped_mm(s, d);
+    if (p.gemm == moex::cuda::GemmPath::kWgmmaFp8)
+      p = moex::cuda::plan_grouped_mm(s, moex::cuda::DeviceTraits{8, 0, d.sm_count});
+    moex::cuda::check_plan(p, s, d);
+    return p;
+  }
+  size_t workspace_bytes(const moex::cuda::ExpertsArgs& a,
+                         const moex::cuda::ExpertsPlan& p) const override {
+    return moex::cuda::grouped_mm_workspace_bytes(a, p);
+  }
+  void run(const moex::cuda::ExpertsArgs& a, const moex::cuda::ExpertsPlan& p, void* ws,
+           cudaStream_t st) const override {
+    moex::cuda::grouped_mm_experts(a, p, ws, st);
+  }
+};
+MOEX_REGISTER_EXPERTS_BACKEND("grouped_mm_quant_tiles", GroupedMmQuantTiles);
 
 void check_case(const std::string& backend, const ExpertsSpec& s, const ExpertsWeights& w_host,
                 const ExpertsWeights& w_gpu, DType act, int64_t T, int64_t k, RoutingCase rc,
@@ -151,15 +179,85 @@ TEST_P(CudaQuantExperts, GemvUglyShapesAndSharedExperts) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaQuantExperts,
-                         ::testing::Values("eager", "batched_mm", "grouped_mm"),
+                         ::testing::Values("eager", "batched_mm", "grouped_mm",
+                                           "grouped_mm_quant_tiles"),
                          [](const auto& info) { return info.param; });
 
-// Decode-sized quantized experts captured once in a CUDA graph and replayed with new routing
-// written into the same device tensors (the GEMV path, T = 4; and the tile path, T = 40).
+// The FP8 wgmma kernel (grouped_mm above 16 tokens on Hopper) against the float64 bounded
+// reference and against the CUDA-core tiles, on the DeepSeek-like small shape and on ugly ones:
+// K not a multiple of 128 (H = 272, I = 80 / 208: TMA zero fill of the last K block), N tails
+// (I = 80 < one 64-column gate_up block; H = 400, 272: partial down column blocks), experts with
+// no token and one with exactly one token, several 128-row tiles per expert, float and UE8M0
+// scales, bf16 and f16 activations. `router` edits the routing: -1 none, else expert E - 1
+// receives exactly one pair (token 0, slot 0) on top of kEmptyExperts routing.
+TEST(CudaQuantWgmmaFp8, AgainstReferenceAndCudaCoreTiles) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t E, H, I, k, T;
+    RoutingCase rc;
+    bool one_token_expert;
+  };
+  const Case cases[] = {
+      {8, 256, 128, 2, 300, RoutingCase::kRandom, false},       // DeepSeek-like, small
+      {9, 272, 80, 3, 200, RoutingCase::kEmptyExperts, true},   // K tails, N tails, 0 / 1 token
+      {5, 400, 208, 2, 1000, RoutingCase::kRandom, false},      // several tiles per expert
+      {6, 256, 128, 4, 17, RoutingCase::kDuplicates, false},    // just past the GEMV's range
+      {7, 272, 208, 2, 64, RoutingCase::kSentinels, false},
+  };
+  const moex::cuda::DeviceTraits traits = moex::cuda::traits_of(moex::cuda::current_device());
+  uint64_t seed = 7500;
+  for (const Case& c : cases)
+    for (DType sd : {DType::kF32, DType::kF8E8M0})
+      for (DType act : {DType::kBF16, DType::kF16}) {
+        const ExpertsSpec s = quant_spec(false, sd, c.E, c.H, c.I);
+        const ExpertsWeights w = random_quantized_experts_weights(s, ++seed);
+        const ExpertsWeights wg = experts_weights_to(w, Device::cuda());
+        Routing r = random_routing(s, c.T, c.k, act, ++seed, c.rc);
+        if (c.one_token_expert) r.top_k_index.data<int64_t>()[0] = c.E - 1;
+        SCOPED_TRACE(s.str() + " " + std::string(dtype_name(act)) + " T=" + std::to_string(c.T) +
+                     " " + routing_case_name(c.rc) + " seed=" + std::to_string(seed));
+        // On Hopper the policy must pick the kernel under test (a silent fallback to the tiles
+        // would pass every comparison below).
+        moex::cuda::ExpertsShape sh;
+        sh.elem = act == DType::kBF16 ? moex::cuda::Elem::kBF16 : moex::cuda::Elem::kF16;
+        sh.tokens = c.T;
+        sh.pairs = c.T * c.k;
+        sh.experts = int(c.E);
+        sh.hidden = int(c.H);
+        sh.intermediate = int(c.I);
+        sh.quantized = true;
+        if (traits.hopper())
+          EXPECT_EQ(moex::cuda::plan_grouped_mm(sh, traits).gemm, moex::cuda::GemmPath::kWgmmaFp8);
+        const QuantizedReference ref =
+            experts_reference_f64_bounded(s, w, r.hidden, r.top_k_index, r.top_k_weights);
+        auto run = [&](const std::string& backend) {
+          return experts_forward(backend, s, wg, on_gpu(r.hidden), on_gpu(r.top_k_index),
+                                 on_gpu(r.top_k_weights))
+              .to(Device::cpu());
+        };
+        const Tensor wgmma = run("grouped_mm"), tiles = run("grouped_mm_quant_tiles");
+        const double norm = l2_f64(ref.out);
+        const double bound =
+            experts_tolerance(act, std::max(c.H, c.I)) * norm + ref.crossing_bound;
+        EXPECT_LE(l2_diff(wgmma, ref.out), bound)
+            << "wgmma: elements near an e4m3 midpoint " << ref.near_midpoints << " of "
+            << ref.elements;
+        EXPECT_LE(l2_diff(tiles, ref.out), bound) << "CUDA-core tiles";
+        // Both within the bound of the reference: within twice of each other.
+        const std::vector<float> a = wgmma.to_float_vector(), b = tiles.to_float_vector();
+        double d = 0;
+        for (size_t i = 0; i < a.size(); ++i) d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+        EXPECT_LE(std::sqrt(d), 2 * bound) << "wgmma vs CUDA-core tiles";
+      }
+}
+
+// Quantized experts captured once in a CUDA graph and replayed with new routing written into the
+// same device tensors (the GEMV path, T = 4; grouped_mm's FP8 wgmma path on Hopper, or the tile
+// path, T = 40 and 300).
 TEST(CudaQuantExpertsGraph, CapturedCallReplaysWithNewRouting) {
   SKIP_WITHOUT_GPU();
   for (bool fp4 : {false, true})
-    for (int64_t T : {4, 40})
+    for (int64_t T : {4, 40, 300})  // GEMV, FP8 wgmma on Hopper (tiles elsewhere), FP8 wgmma
       for (const std::string backend : {"batched_mm", "grouped_mm"}) {
         const ExpertsSpec s = quant_spec(fp4, DType::kF32, 8, 256, 128);
         const ExpertsWeights w = random_quantized_experts_weights(s, 7401);

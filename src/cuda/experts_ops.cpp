@@ -29,7 +29,8 @@ struct Workspace {
   float* gu;    // eager: [P, R] fp32
   void* xg;     // eager: [P, H] elem
   void* xs;     // grouped on Hopper: hidden rows gathered in sorted order, [P, H] elem
-  uint8_t* xq;  // quantized: hidden codes [T, H] and scales [T, ceil(H/128)]
+  uint8_t* xq;  // quantized: hidden codes [T, H] and scales [T, ceil(H/128)] (FP8 wgmma: [P, .]
+                //   of the gathered rows xs, in sorted order)
   float* xqs;
   uint8_t* hq;  // quantized: intermediate codes [P, I] and scales [P, ceil(I/128)]
   float* hqs;
@@ -67,7 +68,8 @@ Workspace carve(const ExpertsArgs& a, int max_tiles, Extra extra, void* base) {
     w.xg = take(es * P * a.hidden);
   }
   if (a.quantized) {
-    const int64_t T = std::max<int64_t>(a.tokens, 1);
+    // Rows of the quantized hidden states: one per token, or (FP8 wgmma) per sorted pair.
+    const int64_t T = extra == Extra::kSortedA ? P : std::max<int64_t>(a.tokens, 1);
     const int64_t nbh = (a.hidden + 127) / 128, nbi = (int64_t(a.intermediate) + 127) / 128;
     w.xq = reinterpret_cast<uint8_t*>(take(size_t(T) * a.hidden));
     w.xqs = reinterpret_cast<float*>(take(sizeof(float) * T * nbh));
@@ -126,9 +128,29 @@ GroupedGemmArgs gemm_args(const ExpertsArgs& a, const Workspace& w, GemmKind kin
   return g;
 }
 
+// Quantized FP8 experts on Hopper tensor cores: the hidden rows gathered into sorted order (TMA
+// reads A contiguous), quantized per 1 x 128 block, the FP8 wgmma gate_up (activation fused, the
+// intermediate h rounded to the element type), h quantized, the FP8 wgmma down. Positions past
+// the valid pairs (offsets[E]) are neither gathered nor quantized; their rows of a tile are
+// computed from stale codes and never stored.
+void run_quant_gemms_wgmma(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
+  GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
+  GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
+  const int64_t P = pairs_of(a);
+  const int* valid = w.offsets + a.experts;
+  g1.a_rows = g2.a_rows = P;
+  launch_gather_sorted(a.hidden_states, w.sorted_pair, valid, a.top_k, P, int(a.hidden), a.elem,
+                       w.xs, s);
+  launch_quantize_act(w.xs, a.elem, P, a.hidden, valid, w.xq, w.xqs, s);
+  launch_grouped_gemm_wgmma_fp8(g1, a.gate_up_q, w.xq, w.xqs, s);
+  launch_quantize_act(w.h, a.elem, P, a.intermediate, valid, w.hq, w.hqs, s);
+  launch_grouped_gemm_wgmma_fp8(g2, a.down_q, w.hq, w.hqs, s);
+}
+
 // Quantized experts: each A operand quantized per 1 x 128 block, then the CUDA-core products.
 void run_quant_gemms(const ExpertsArgs& a, const Workspace& w, const ExpertsPlan& plan,
                      cudaStream_t s) {
+  if (plan.gemm == GemmPath::kWgmmaFp8) return run_quant_gemms_wgmma(a, w, s);
   const GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
   const GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
   const bool gemv = plan.gemm == GemmPath::kGemv;
@@ -169,6 +191,8 @@ void run_gemms(const ExpertsArgs& a, const Workspace& w, const ExpertsPlan& plan
       launch_grouped_gemv(g1, s);
       launch_grouped_gemv(g2, s);
       return;
+    case GemmPath::kWgmmaFp8:  // (quantized experts only: check_plan)
+      throw Error("the FP8 wgmma path runs quantized FP8 experts only");
   }
 }
 
@@ -257,6 +281,7 @@ ExpertsShape shape_of(const ExpertsArgs& a) {
   s.transposed = a.transposed;
   s.aligned16 = aligned(a.hidden_states) && aligned(a.gate_up) && aligned(a.down);
   s.quantized = a.quantized;
+  s.fp4 = a.quantized && a.gate_up_q.fp4;
   return s;
 }
 
@@ -294,7 +319,9 @@ void batched_mm_experts(const ExpertsArgs& a, const ExpertsPlan& plan, void* wor
 namespace {
 Workspace carve_grouped(const ExpertsArgs& a, const ExpertsPlan& plan, void* base) {
   return carve(a, int(route_max_tiles(pairs_of(a), a.experts, plan.tile_rows)),
-               plan.gemm == GemmPath::kWgmma ? Extra::kSortedA : Extra::kNone, base);
+               plan.gemm == GemmPath::kWgmma || plan.gemm == GemmPath::kWgmmaFp8 ? Extra::kSortedA
+                                                                                  : Extra::kNone,
+               base);
 }
 }  // namespace
 

@@ -12,7 +12,9 @@
 //               the per-expert offsets back, so it synchronises): gather, dense gate_up,
 //               activation, dense down; then combine. It is the readable reference path.
 //   quantized experts: the same routing and combine; each GEMM's A operand is quantized first
-//               (1 x 128 blocks, quantize_act) and the products read the weights in place.
+//               (1 x 128 blocks, quantize_act) and the products read the weights in place. FP8
+//               grouped_mm on Hopper: gather into sorted order, quantize, FP8 wgmma gate_up,
+//               quantize h, FP8 wgmma down.
 // All three write the same per-pair rows y[pos, :] (fp32) and share the deterministic combine, so
 // they agree bit for bit on the sum order; they differ only in how the products run.
 #pragma once
@@ -51,7 +53,8 @@ struct ExpertsArgs {
   void* out = nullptr;                  // [T, H]
   // Block-scaled FP8 / FP4 experts (spec.quant): gate_up / down hold e4m3 bytes or e2m1 pairs
   // and these their scales (include/moex/quant.hpp). Every backend then runs the quantized
-  // CUDA-core GEMMs (quant_gemm.cuh) whatever its plan says about bf16 tile paths.
+  // GEMMs its plan names: the CUDA-core ones (quant_gemm.cuh) or, grouped_mm with FP8 weights
+  // on Hopper, the FP8 wgmma kernel (grouped_gemm_wgmma.cuh).
   bool quantized = false;
   QuantWeightArgs gate_up_q, down_q;
 };

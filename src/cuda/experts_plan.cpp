@@ -15,6 +15,7 @@ const char* gemm_path_name(GemmPath p) {
     case GemmPath::kMmaSync: return "mma.sync";
     case GemmPath::kWgmma: return "wgmma";
     case GemmPath::kGemv: return "gemv";
+    case GemmPath::kWgmmaFp8: return "wgmma.fp8";
   }
   return "?";
 }
@@ -25,6 +26,9 @@ std::string ExpertsPlan::describe() const {
     case GemmPath::kSimt: return "SIMT tiles of " + rows + " rows";
     case GemmPath::kMmaSync: return "mma.sync tiles of " + rows + " rows";
     case GemmPath::kGemv: return "GEMV per pair (CUDA cores, weights streamed in 16-byte loads)";
+    case GemmPath::kWgmmaFp8:
+      return "TMA + wgmma FP8 e4m3 (sm_90a) tiles of " + rows +
+             " rows, block scales applied per 128-wide K block";
     case GemmPath::kWgmma: break;
   }
   if (cluster_pairs())
@@ -63,6 +67,20 @@ bool quant_gemv_applies(const ExpertsShape& s) {
   return s.quantized && s.hidden % 16 == 0 && s.intermediate % 16 == 0 && s.aligned16;
 }
 
+std::string wgmma_fp8_unsupported(const ExpertsShape& s, const DeviceTraits& d) {
+  if (!d.hopper()) return "needs a compute capability 9.0 device";
+  if (!s.quantized || s.fp4) return "runs FP8 (e4m3) quantized experts only";
+  // The gate_up epilogue stages the activated intermediate as 16-bit values.
+  if (s.elem == Elem::kF32) return "needs bf16 / f16 activations";
+  // TMA reads the weights row-major; the epilogue pairs gate and up column blocks.
+  if (!s.gated || !s.concatenated || s.transposed)
+    return "needs gated, concatenated, row-major weights";
+  // TMA row strides are multiples of 16 bytes: H and I (the two K's) multiples of 16 codes.
+  if (s.hidden % 16 != 0 || s.intermediate % 16 != 0) return "needs H and I multiples of 16";
+  if (!s.aligned16) return "needs 16-byte aligned hidden states and weights";
+  return {};
+}
+
 namespace {
 
 ExpertsPlan simt_plan() {
@@ -73,29 +91,33 @@ ExpertsPlan simt_plan() {
   return p;
 }
 
-// Quantized experts read their weights in place from the CUDA cores: decode-sized calls stream
-// them through the GEMV (up to 16 rows per tile for grouped_mm), larger ones go through the
-// 32-row tile kernel. batched_mm's tiles hold one pair each, at every T: the GEMV computes that
-// row alone, where a 32-row tile would compute 31 rows of padding (measured on the H200 with
-// 32 DeepSeek-sized experts, T = 4096: seconds per call). The GEMV (quant_gemv.cuh) decodes each
-// weight once per chunk of up to 8 tile rows, so a 16-row tile reads its expert at most twice;
-// whether that makes it worth more than kQuantGemvMaxTokens tokens for grouped_mm is for
-// lab/cuda/quant_gemv_lab.cu on the H200 to say (not measured yet: the bound is unchanged).
-ExpertsPlan quant_plan(const ExpertsShape& s, bool per_pair) {
+// Quantized experts read their weights in place: decode-sized calls stream them through the
+// CUDA-core GEMV (up to 16 rows per tile for grouped_mm; quant_gemv.cuh decodes each weight once
+// per chunk of tile rows); larger grouped calls run the FP8 tensor-core kernel on Hopper (128-row
+// tiles of e4m3 codes, as DeepGEMM), or else the 32-row CUDA-core tile kernel (~6 TFLOP/s at
+// DeepSeek-V3 T = 256 on the H200). batched_mm's tiles hold one pair each, at every T: the GEMV
+// computes that row alone, where a 32-row tile would compute 31 rows of padding (measured on the
+// H200 with 32 DeepSeek-sized experts, T = 4096: seconds per call).
+ExpertsPlan quant_plan(const ExpertsShape& s, const DeviceTraits& d, bool per_pair) {
   ExpertsPlan p = simt_plan();
   if (per_pair) p.raster_tiles = 1;
   if (quant_gemv_applies(s) && (per_pair || s.tokens <= kQuantGemvMaxTokens)) {
     p.gemm = GemmPath::kGemv;
     p.tile_rows = per_pair ? 1 : 16;
     p.raster_tiles = per_pair ? 1 : 64;
+  } else if (!per_pair && wgmma_fp8_applies(s, d)) {
+    p.gemm = GemmPath::kWgmmaFp8;
+    p.tile_rows = 128;
+    p.b_rows = 128;
+    p.raster_tiles = 8;
   }
   return p;
 }
 
 }  // namespace
 
-ExpertsPlan plan_batched_mm(const ExpertsShape& s, const DeviceTraits&) {
-  if (s.quantized) return quant_plan(s, true);
+ExpertsPlan plan_batched_mm(const ExpertsShape& s, const DeviceTraits& d) {
+  if (s.quantized) return quant_plan(s, d, true);
   // One token: its k pairs read k different experts once each, and the GEMV streams them without
   // the 15 padding rows of a tensor-core tile (H200, `moex bench experts --backends batched_mm
   // --tokens 1 --graph on`: Qwen1.5-MoE 0.0442 -> 0.0390 ms, Mixtral 0.2472 -> 0.1915, DeepSeek
@@ -122,7 +144,7 @@ ExpertsPlan plan_batched_mm(const ExpertsShape& s, const DeviceTraits&) {
 }
 
 ExpertsPlan plan_grouped_mm(const ExpertsShape& s, const DeviceTraits& d) {
-  if (s.quantized) return quant_plan(s, false);
+  if (s.quantized) return quant_plan(s, d, false);
   if (!mma_applies(s)) return simt_plan();
   const bool wgmma = wgmma_applies(s, d);
   const int64_t active = std::max<int64_t>(1, std::min<int64_t>(s.experts, s.pairs));
@@ -150,8 +172,17 @@ ExpertsPlan plan_grouped_mm(const ExpertsShape& s, const DeviceTraits& d) {
 
 void check_plan(const ExpertsPlan& p, const ExpertsShape& s, const DeviceTraits& d) {
   auto fail = [](const std::string& why) { throw InvalidInput("experts plan: " + why); };
-  if (s.quantized && p.gemm != GemmPath::kSimt && p.gemm != GemmPath::kGemv)
-    fail("quantized experts run the CUDA-core kernels (SIMT tiles or the GEMV)");
+  if (s.quantized && p.gemm != GemmPath::kSimt && p.gemm != GemmPath::kGemv &&
+      p.gemm != GemmPath::kWgmmaFp8)
+    fail("quantized experts run SIMT tiles, the GEMV or (FP8 on sm_90) the FP8 wgmma kernel");
+  if (p.gemm == GemmPath::kWgmmaFp8) {
+    if (const std::string why = wgmma_fp8_unsupported(s, d); !why.empty())
+      fail("the FP8 wgmma path " + why);
+    if (p.tile_rows != 128 || p.b_rows != 128)
+      fail("the FP8 wgmma path runs tiles of 128 rows and stages of 128 weight rows");
+    if (p.pingpong_gate_up || p.pingpong_down)
+      fail("the FP8 wgmma path runs cooperative warpgroups (no ping-pong)");
+  }
   if (s.quantized && p.gemm == GemmPath::kGemv) {
     if (!quant_gemv_applies(s)) fail("the quantized GEMV needs H and I multiples of 16");
     if (p.raster_tiles < 1 || p.raster_tiles > 0xffff) fail("raster_tiles must be in [1, 65535]");
@@ -179,6 +210,8 @@ void check_plan(const ExpertsPlan& p, const ExpertsShape& s, const DeviceTraits&
       if (p.b_rows != 128 && p.b_rows != 256) fail("wgmma stages hold 128 or 256 weight rows");
       if (p.cluster_pairs() && (p.b_rows != 256 || p.pingpong_gate_up || p.pingpong_down))
         fail("cluster pairs run cooperative 256-row stages");
+      break;
+    case GemmPath::kWgmmaFp8:  // (checked above)
       break;
   }
   if (p.raster_tiles < 1 || p.raster_tiles > 0xffff) fail("raster_tiles must be in [1, 65535]");

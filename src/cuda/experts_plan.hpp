@@ -21,7 +21,8 @@ struct ExpertsShape {
   int experts = 0, hidden = 0, intermediate = 0;
   bool gated = true, concatenated = true, transposed = false;
   bool aligned16 = true;  // hidden, gate_up and down start on 16-byte boundaries
-  bool quantized = false;  // FP8 / FP4 experts (quant_gemm.cuh): kSimt or kGemv only
+  bool quantized = false;  // FP8 / FP4 experts: kSimt, kGemv, or kWgmmaFp8 (FP8 only)
+  bool fp4 = false;        // quantized with FP4 (e2m1) weights
 };
 
 // What a plan depends on, read once per device (traits_of in experts_ops.hpp).
@@ -36,6 +37,7 @@ enum class GemmPath : unsigned char {
   kMmaSync,  // mma.sync m16n8k16 + cp.async (bf16 / f16, K and N multiples of 8)
   kWgmma,    // Hopper TMA + wgmma, warp-specialised (sm_90a; not transposed; gated: concatenated)
   kGemv,     // CUDA-core GEMV per tile row (bf16 / f16, not transposed): batched_mm's pairs
+  kWgmmaFp8, // quantized FP8 experts on Hopper: TMA + wgmma e4m3, block scales per 128-wide K
 };
 const char* gemm_path_name(GemmPath p);
 
@@ -48,6 +50,7 @@ struct ExpertsPlan {
   int tile_rows = 32;
   // kWgmma: weight rows per pipeline stage (output columns per CTA): 256, or 128 (64-column
   // gate_up tiles; measured faster only at Qwen1.5-MoE T = 1024, docs/cuda.md; never picked).
+  // kWgmmaFp8: 128 (tile_rows 128).
   int b_rows = 256;
   // kWgmma with 128-row tiles: the two consumer warpgroups take whole 128 x 128 items in turn
   // (ping-pong) instead of sharing 128 x 256 items; per GEMM.
@@ -71,13 +74,21 @@ bool wgmma_applies(const ExpertsShape& s, const DeviceTraits& d);
 // Quantized experts' GEMV (quant_gemv.cuh): 16-byte loads along K of e4m3 / e2m1 rows (H, I
 // multiples of 16), each weight decoded once for up to 8 rows of a tile.
 bool quant_gemv_applies(const ExpertsShape& s);
+// kWgmmaFp8: sm_90, FP8 weights, bf16 / f16 activations, gated concatenated row-major weights,
+// H and I multiples of 16 (TMA row strides of e4m3 codes), 16-byte aligned tensors. The empty
+// string when it applies, else why not (for check_plan's message).
+std::string wgmma_fp8_unsupported(const ExpertsShape& s, const DeviceTraits& d);
+inline bool wgmma_fp8_applies(const ExpertsShape& s, const DeviceTraits& d) {
+  return wgmma_fp8_unsupported(s, d).empty();
+}
 
 // grouped_mm: 16-row mma.sync tiles while experts average few rows (memory-bound: weights
 // dominate), 64-row wgmma tiles around 32 rows per expert, 128-row tiles beyond (Hopper: wgmma,
 // ping-pong down GEMM when I <= 2048); SIMT where the tensor-core kernels do not apply.
 ExpertsPlan plan_grouped_mm(const ExpertsShape& s, const DeviceTraits& d);
 // Quantized experts: the GEMV (batched_mm at every T, grouped_mm while T <=
-// kQuantGemvMaxTokens) where it applies, else the CUDA-core tile kernel.
+// kQuantGemvMaxTokens) where it applies; grouped_mm above that on FP8 tensor cores where
+// wgmma_fp8_applies (128-row tiles); else the CUDA-core tile kernel.
 inline constexpr int64_t kQuantGemvMaxTokens = 16;
 // batched_mm: one 16-row mma.sync tile per (token, slot) pair, or one SIMT tile.
 ExpertsPlan plan_batched_mm(const ExpertsShape& s, const DeviceTraits& d);

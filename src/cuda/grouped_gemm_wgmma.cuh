@@ -1,5 +1,6 @@
 // Grouped GEMM for Hopper: TMA loads into a STAGES-deep shared-memory ring, warpgroup MMA
-// (wgmma, bf16 / f16 in, fp32 accumulate), one warp-specialised block per output tile.
+// (wgmma, bf16 / f16 or block-scaled FP8 e4m3 in, fp32 accumulate), one warp-specialised block
+// per output tile.
 //
 // Why: the mma.sync kernel (grouped_gemm_mma.cuh) tops out at 160-285 TFLOP/s on the H200
 // because every operand passes through registers (ldmatrix) and every thread issues its own
@@ -29,16 +30,60 @@
 // thread's accumulator chunk i (gate) and chunk i + BN/8 (up) are the same output column and the
 // activation runs in the epilogue, as in the mma kernel. Rows of B past the expert's own are read
 // but only feed columns >= N, which are not stored.
+//
+// FP8 (T = WgmmaFp8<Out, kE8M0>, the quantized experts of include/moex/quant.hpp): A holds the
+// e4m3 codes of the activations in sorted order (quantize_act over the gathered rows) with f32
+// scales [rows, ceil(K/128)], B the e4m3 weights [E * N_rows, K] with one scale per 128 x 128
+// block. A stage is 128 k (one 128-byte row, one scale block), four m64n128k32 wgmmas. As in
+// DeepGEMM, the tensor core's sum of FP8 products keeps fewer mantissa bits than fp32, so each
+// stage's products go into a separate fragment (`part`), which after wgmma.wait_group 0 is
+// multiplied by (activation scale of its row) x (weight scale of its column block) and added into
+// the fp32 accumulator: the quant.hpp math, per K block, with the block sums from the tensor core.
+// Stages hold 128 weight rows (gated gate_up: 64 gate + 64 up rows, so each group lies inside one
+// 128-row scale block; down: 128 rows = one block) and the consumers are cooperative (part
+// doubles the accumulator registers: 64 + 64 per thread).
 #pragma once
 
 #include "cuda/gemm_common.cuh"
 #include "cuda/hopper.cuh"
+#include "cuda/quant_gemm.cuh"
 
 #include <type_traits>
 
 namespace moex::cuda {
 
-constexpr int kWgmmaBK = 64;   // k per stage: one 128-byte swizzled row of bf16 / f16
+// Operand formats. bf16 / f16: T in, T out. WgmmaFp8<Out, kE8M0>: e4m3 operands with block
+// scales (f32, or UE8M0 bytes for the weights when kE8M0), Out (bf16 / f16) out.
+template <class Out, bool kE8M0>
+struct WgmmaFp8 {};
+template <class T>
+struct WgmmaFormat {
+  using Out = T;
+  static constexpr int kElemBytes = 2;
+  static constexpr bool kScaled = false, kE8M0 = false;
+};
+template <class O, bool kE8>
+struct WgmmaFormat<WgmmaFp8<O, kE8>> {
+  using Out = O;
+  static constexpr int kElemBytes = 1;
+  static constexpr bool kScaled = true, kE8M0 = kE8;
+};
+
+// A stage row is one 128-byte swizzled row of K: 64 bf16 / f16, or 128 e4m3 (one scale block).
+constexpr int kWgmmaRowBytes = 128;
+template <class T>
+constexpr int wgmma_bk() {
+  return kWgmmaRowBytes / WgmmaFormat<T>::kElemBytes;
+}
+
+// The FP8 format's block scales (unused otherwise).
+struct WgmmaScales {
+  const float* a = nullptr;     // A's scales [rows, kb], in A's (sorted) row order
+  const void* b = nullptr;      // weight scales [E, scale rows, kb]: f32, or UE8M0 bytes
+  int64_t b_expert_stride = 0;  // elements
+  int kb = 0;                   // ceil(K / 128)
+  int up_row0 = 0;              // gated gate_up: scale row of up's first row, ceil(I / 128)
+};
 // kConsumers consumer warpgroups of 64 rows each: the tile has 64 * kConsumers rows (= the route
 // tile rows), the block 128 * (kConsumers + 1) threads.
 constexpr int wgmma_threads(int consumers) { return 128 * (consumers + 1); }
@@ -59,12 +104,13 @@ template <class T, GemmKind kKind, int kGroups, int kBRows, int STAGES, int kCon
           bool kPingPong>
 struct WgmmaSmem {
   static constexpr int kBM = 64 * kConsumers;
-  static constexpr int kAStage = kBM * kWgmmaBK * int(sizeof(T));
-  static constexpr int kBStage = kBRows * kWgmmaBK * int(sizeof(T));
+  static constexpr int kAStage = kBM * kWgmmaRowBytes;
+  static constexpr int kBStage = kBRows * kWgmmaRowBytes;
   static constexpr int kEpiOffset = STAGES * (kAStage + kBStage);
   static constexpr int kEpiWgBytes =
       wgmma_staged_epilogue(kKind, kGroups)
-          ? 64 * (kPingPong ? 2 : 1) * (kBRows / kGroups) * int(sizeof(T))
+          ? 64 * (kPingPong ? 2 : 1) * (kBRows / kGroups) *
+                int(sizeof(typename WgmmaFormat<T>::Out))
           : 0;
   static constexpr int kBarOffset = kEpiOffset + kConsumers * kEpiWgBytes;
   // + barriers, + 1 KiB to align the dynamic shared memory base to 1024 bytes (128B swizzle).
@@ -192,8 +238,11 @@ template <class T, GemmKind kKind, int kGroups, int kBRows, int STAGES, int kCon
 __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tma_a,
                               const __grid_constant__ CUtensorMap tma_b, GemmParams p,
-                              int b_rows_per_expert) {
-  constexpr int BK = kWgmmaBK;
+                              int b_rows_per_expert, WgmmaScales sc) {
+  using F = WgmmaFormat<T>;
+  using Out = typename F::Out;
+  constexpr bool kScaled = F::kScaled;
+  constexpr int BK = wgmma_bk<T>();
   constexpr int BN = kBRows / kGroups;  // output columns of the tile
   constexpr bool kStaged = wgmma_staged_epilogue(kKind, kGroups);
   using S = WgmmaSmem<T, kKind, kGroups, kBRows, STAGES, kConsumers, kPingPong>;
@@ -201,6 +250,9 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
                 "ping-pong: two warpgroups, m64n128");
   static_assert(kCluster == 1 || (kCluster == 2 && !kPingPong && kConsumers == 2),
                 "clusters: cooperative 128-row CTAs");
+  static_assert(!kScaled || (kBRows == 128 && !kPingPong && kCluster == 1),
+                "FP8: 128 weight rows per stage (one scale block per group), cooperative, no "
+                "clusters");
   constexpr int kHalves = kPingPong ? 2 : 1;  // 64-row halves of the tile one warpgroup computes
   constexpr int kBM = 64 * kConsumers;    // rows of this CTA's part of a tile
 
@@ -267,14 +319,14 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
             // rank's, multicast to the pair, or (split) both, for this CTA alone.
             constexpr int half_rows = kBRows / 2;
             for (int h = split ? 0 : rank; h < (split ? 2 : rank + 1); ++h) {
-              unsigned char* dst = b + h * half_rows * BK * int(sizeof(T));
+              unsigned char* dst = b + h * half_rows * kWgmmaRowBytes;
               const int row = kGroups == 2 ? brow + h * p.I : brow + h * half_rows;
               if (split) sm90::tma_load_2d(dst, &tma_b, &full[s], kb * BK, row);
               else sm90::tma_load_2d_multicast(dst, &tma_b, &full[s], kb * BK, row, uint16_t(0x3));
             }
           } else if constexpr (kGroups == 2) {
             sm90::tma_load_2d(b, &tma_b, &full[s], kb * BK, brow);
-            sm90::tma_load_2d(b + BN * BK * int(sizeof(T)), &tma_b, &full[s], kb * BK,
+            sm90::tma_load_2d(b + BN * kWgmmaRowBytes, &tma_b, &full[s], kb * BK,
                               brow + p.I);
           } else {
             sm90::tma_load_2d(b, &tma_b, &full[s], kb * BK, brow);
@@ -296,6 +348,12 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
     const int lane = tid % 32, warp = (tid % 128) / 32;
     constexpr int NACC = kBRows / 2;
     float acc[kHalves][NACC];
+    // FP8: the current stage's block sums, before their scales (see the file's top note).
+    [[maybe_unused]] float part[kScaled ? kHalves : 1][kScaled ? NACC : 1];
+    auto mma_regs = [&](int m) -> float* {
+      if constexpr (kScaled) return part[m];
+      else return acc[m];
+    };
     int it = 0;
     const int my_items = (items - first + stride - 1) / stride;
     // Releases stage `st` (its MMAs have retired): in this CTA, and in the partner's whose
@@ -337,39 +395,82 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
         for (int i = 0; i < NACC; ++i) acc[m][i] = 0.f;
       for (int kb = 0; kb < KT; ++kb, ++it) {
         const int s = it % STAGES;
+        // FP8: this K block's scales, loaded before the wait so that their latency hides behind
+        // it: scale[m][h][g] = activation scale of the thread's row (h: + 8) x weight scale of
+        // group g's 128-row block (gated: gate, up). Rows past the tile's get 0.
+        [[maybe_unused]] float scale[kHalves][2][kGroups];
+        if constexpr (kScaled) {
+          float sb[kGroups];
+#pragma unroll
+          for (int g = 0; g < kGroups; ++g) {
+            const int64_t srow = (g ? sc.up_row0 : 0) + n0 / 128;
+            sb[g] = scale_at<F::kE8M0>(sc.b, tile.expert * sc.b_expert_stride + srow * sc.kb + kb);
+          }
+#pragma unroll
+          for (int m = 0; m < kHalves; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int r = (kPingPong ? m : c) * 64 + warp * 16 + lane / 4 + 8 * h;
+              const float sa =
+                  r < tile_rows ? __ldg(sc.a + int64_t(row_start + r) * sc.kb + kb) : 0.f;
+#pragma unroll
+              for (int g = 0; g < kGroups; ++g) scale[m][h][g] = sa * sb[g];
+            }
+        }
         sm90::mbar_wait(&full[s], (it / STAGES) & 1);
         const uint64_t db = sm90::desc_k_major_sw128(b_smem + s * S::kBStage);
 #pragma unroll
-        for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
+        for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(mma_regs(m));
         sm90::wgmma_fence();
 #pragma unroll
         for (int m = 0; m < kHalves; ++m) {
-          const uint64_t da = sm90::desc_k_major_sw128(
-              a_smem + s * S::kAStage + (kPingPong ? m : c) * 64 * BK * int(sizeof(T)));
+          const uint64_t da = sm90::desc_k_major_sw128(a_smem + s * S::kAStage +
+                                                       (kPingPong ? m : c) * 64 * kWgmmaRowBytes);
+          // Four steps of 32 bytes of K (k16 bf16 / f16, k32 e4m3); FP8 starts a fresh block sum.
 #pragma unroll
-          for (int k16 = 0; k16 < BK / 16; ++k16)
-            sm90::wgmma_k16<T, kBRows>(acc[m], da + 2 * k16, db + 2 * k16);
+          for (int ks = 0; ks < 4; ++ks) {
+            if constexpr (kScaled)
+              sm90::wgmma_m64n128k32_e4m3(part[m], da + 2 * ks, db + 2 * ks, ks > 0);
+            else
+              sm90::wgmma_k16<T, kBRows>(acc[m], da + 2 * ks, db + 2 * ks);
+          }
         }
         sm90::wgmma_commit();
 #pragma unroll
-        for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
-        sm90::wgmma_wait<1>();
+        for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(mma_regs(m));
+        if constexpr (kScaled) {
+          // Promotion: the block's MMAs must retire before their sums are scaled, so no batch
+          // stays in flight here; the other consumer warpgroup's MMAs keep the tensor cores busy.
+          sm90::wgmma_wait<0>();
 #pragma unroll
-        for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
-        // The MMAs of the previous k step have retired: its stage may be overwritten.
-        if (kb > 0) release((it - 1) % STAGES);
+          for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(part[m]);
+          release(s);
+#pragma unroll
+          for (int m = 0; m < kHalves; ++m)
+#pragma unroll
+            for (int i = 0; i < NACC; ++i)
+              acc[m][i] = fmaf(part[m][i], scale[m][(i >> 1) & 1][(i / 4) / (BN / 8)], acc[m][i]);
+        } else {
+          sm90::wgmma_wait<1>();
+#pragma unroll
+          for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
+          // The MMAs of the previous k step have retired: its stage may be overwritten.
+          if (kb > 0) release((it - 1) % STAGES);
+        }
       }
       // Every MMA of this item is issued: the other warpgroup may start its next item (if any).
       if (kPingPong && n + 1 < my_items) sm90::named_bar_arrive(1 + (1 - c), 256);
-      sm90::wgmma_wait<0>();
+      if constexpr (!kScaled) {
+        sm90::wgmma_wait<0>();
 #pragma unroll
-      for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
-      release((it - 1) % STAGES);
+        for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
+        release((it - 1) % STAGES);
+      }
 
       // ---- epilogue, gated gate_up: through shared memory (staged_gate_up_epilogue) ----
       if constexpr (kStaged) {
         if (p.N % 8 == 0) {
-          staged_gate_up_epilogue<T, kKind, kGroups, BN>(
+          staged_gate_up_epilogue<Out, kKind, kGroups, BN>(
               acc, p, tile.expert, n0, row_start, tile_rows, kPingPong ? 0 : c * 64,
               smem + S::kEpiOffset + c * S::kEpiWgBytes, 3 + c, warp, lane, tid % 128);
           continue;
@@ -392,11 +493,11 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
             const float g1b = kGroups == 2 ? acc[m][4 * (i + BN / 8) + 2 * h + 1] : 0.f;
             const int pos = row_start + r;
             if (pairs && j + 1 < p.N) {
-              epilogue_store_pair<T, kKind, kGroups>(p, tile.expert, pos, j, g0a, g1a, g0b, g1b);
+              epilogue_store_pair<Out, kKind, kGroups>(p, tile.expert, pos, j, g0a, g1a, g0b, g1b);
             } else {
-              epilogue_store<T, kKind, kGroups>(p, tile.expert, pos, j, g0a, g1a);
+              epilogue_store<Out, kKind, kGroups>(p, tile.expert, pos, j, g0a, g1a);
               if (j + 1 < p.N)
-                epilogue_store<T, kKind, kGroups>(p, tile.expert, pos, j + 1, g0b, g1b);
+                epilogue_store<Out, kKind, kGroups>(p, tile.expert, pos, j + 1, g0b, g1b);
             }
           }
         }

@@ -1,5 +1,6 @@
 // Launcher body of the Hopper grouped GEMM, instantiated per element type in
-// grouped_gemm_wgmma_{bf16,f16}.cu: tensor maps for A and B, and the run-time -> compile-time
+// grouped_gemm_wgmma_{bf16,f16}.cu (and per output type and scale format for FP8 operands in
+// grouped_gemm_wgmma_fp8.cu): tensor maps for A and B, and the run-time -> compile-time
 // dispatch (kind, groups, tile width). Host-only encoding; no device memory is read here, so the
 // launch is capturable (the maps are kernel parameters, baked into a captured graph together
 // with the buffers they point to, which the workspace keeps fixed between replays).
@@ -14,20 +15,29 @@
 
 namespace moex::cuda {
 
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
-CUtensorMap encode_tensor_map_2d(const void* base, bool bf16, int64_t rows, int64_t cols,
-                                 int box_rows, int box_cols);
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda), for
+// a row-major [rows, cols] tensor of bf16, f16 or bytes (UINT8: e4m3 codes).
+CUtensorMap encode_tensor_map_2d(const void* base, CUtensorMapDataType dtype, int64_t rows,
+                                 int64_t cols, int box_rows, int box_cols);
+
+template <class T>
+constexpr CUtensorMapDataType wgmma_tma_dtype() {
+  if constexpr (WgmmaFormat<T>::kScaled) return CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  else return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
 
 // Stages: as many as fit in ~200 KB of shared memory.
-template <class T, int kBRows, int kConsumers>
+template <int kBRows, int kConsumers>
 constexpr int wgmma_stages() {
-  return (200 * 1024) / ((64 * kConsumers + kBRows) * kWgmmaBK * int(sizeof(T)));
+  return (200 * 1024) / ((64 * kConsumers + kBRows) * kWgmmaRowBytes);
 }
 
 template <class T, GemmKind kKind, int kGroups, int kBRows, int kConsumers, bool kPingPong = false,
           int kCluster = 1>
-void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
-  constexpr int STAGES = wgmma_stages<T, kBRows, kConsumers>();
+void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream,
+                           const WgmmaScales& sc = {}) {
+  constexpr int STAGES = wgmma_stages<kBRows, kConsumers>();
   constexpr int BN = kBRows / kGroups;
   auto kernel =
       grouped_gemm_wgmma_kernel<T, kKind, kGroups, kBRows, STAGES, kConsumers, kPingPong, kCluster>;
@@ -41,20 +51,20 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
                                          int(smem)));
     opted.fetch_or(bit);
   }
-  constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
+  constexpr CUtensorMapDataType dt = wgmma_tma_dtype<T>();
+  constexpr int BK = wgmma_bk<T>();
   const int64_t rows_per_expert = a.w_expert_stride / a.K;
-  const CUtensorMap ma =
-      encode_tensor_map_2d(a.a_sorted, bf, a.a_rows, a.K, 64 * kConsumers, kWgmmaBK);
+  const CUtensorMap ma = encode_tensor_map_2d(a.a_sorted, dt, a.a_rows, a.K, 64 * kConsumers, BK);
   // B: one map over every expert's rows ([E * rows_per_expert, K]); a cluster's CTAs each load
   // half of the kBRows rows of a stage.
-  const CUtensorMap mb = encode_tensor_map_2d(a.w, bf, a.w_rows_total, a.K,
-                                              kCluster == 2 ? kBRows / 2 : BN, kWgmmaBK);
+  const CUtensorMap mb =
+      encode_tensor_map_2d(a.w, dt, a.w_rows_total, a.K, kCluster == 2 ? kBRows / 2 : BN, BK);
   // Persistent: one CTA per SM (the shared-memory ring allows one), never more than the items.
   const int64_t max_items = int64_t(a.max_tiles) * ((a.N + BN - 1) / BN);
   if constexpr (kCluster == 1) {
     dim3 grid(unsigned(std::min<int64_t>(max_items, device_info(current_device()).sm_count)));
     kernel<<<grid, wgmma_threads(kConsumers), smem, stream>>>(ma, mb, to_params(a),
-                                                              int(rows_per_expert));
+                                                              int(rows_per_expert), sc);
   } else {
     cudaLaunchConfig_t cfg{};
     cudaLaunchAttribute attr[1];
@@ -80,7 +90,8 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream) {
       fit[dev & 63].store(clusters);
     }
     cfg.gridDim = dim3(unsigned(kCluster * std::min<int64_t>(max_items, clusters)));
-    MOEX_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ma, mb, to_params(a), int(rows_per_expert)));
+    MOEX_CUDA_CHECK(
+        cudaLaunchKernelEx(&cfg, kernel, ma, mb, to_params(a), int(rows_per_expert), sc));
   }
   MOEX_CUDA_CHECK_LAUNCH(grouped_gemm_wgmma_kernel);
 }

@@ -120,6 +120,14 @@ struct QuantWeightArgs {
 // and the weights quantized. The weights' expert stride is in bytes.
 void launch_grouped_gemm_quant(const GroupedGemmArgs& a, const QuantWeightArgs& w,
                                const uint8_t* aq, const float* as, cudaStream_t stream);
+// The same on Hopper tensor cores (grouped_gemm_wgmma.cuh, FP8 operands): TMA + wgmma e4m3 with
+// the block scales applied per 128-wide K block. A is read in sorted order: aq [a.a_rows, K]
+// codes and as [a.a_rows, ceil(K/128)] scales of the gathered rows (gate_up too). Needs a
+// compute capability 9.0 device, FP8 weights (not FP4), bf16 / f16 elem, gated concatenated
+// gate_up (or down), K a multiple of 16, 16-byte aligned weights and 128-row route tiles
+// (wgmma_fp8_applies in experts_plan.hpp).
+void launch_grouped_gemm_wgmma_fp8(const GroupedGemmArgs& a, const QuantWeightArgs& w,
+                                   const uint8_t* aq, const float* as, cudaStream_t stream);
 // The same for tiles of one or a few rows (decode): 16-byte weight loads, K a multiple of 16
 // (FP8) / 32 (FP4), 16-byte aligned weights.
 void launch_grouped_gemv_quant(const GroupedGemmArgs& a, const QuantWeightArgs& w,

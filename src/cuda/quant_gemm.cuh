@@ -2,11 +2,12 @@
 // a grouped GEMM that reads e4m3 / e2m1 weights in place, following include/moex/quant.hpp exactly
 // (the decode-sized GEMV that shares these helpers is quant_gemv.cuh).
 //
-// Why CUDA cores: the quantized products must be the quant.hpp math to float32 rounding (the
+// Why CUDA cores: any shape and layout, FP4, and the quant.hpp math to float32 rounding (the
 // experts harness compares every backend with one float64 reference): e4m3 x e4m3 products are
 // exact in fp32, summed in fp32 over each 128-wide K block, then scaled by the activation and
-// weight scales of that block. Tensor-core FP8 (wgmma / mma.sync e4m3) accumulates with fewer
-// mantissa bits and belongs to the deepgemm backend, which states its own tolerance.
+// weight scales of that block. Large FP8 grouped calls on Hopper run the tensor-core version of
+// the same math instead (grouped_gemm_wgmma.cuh, FP8: block sums from wgmma e4m3, scaled and
+// added in fp32 per block).
 //
 // Tiles: a 16 x 16 thread block computes 32 rows x 32 output columns of kGroups weight groups
 // (gate and up side by side, so the activation is fused as in grouped_gemm_simt.cuh), walking a
