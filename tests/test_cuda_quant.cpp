@@ -32,6 +32,12 @@ using namespace moex::test;
 
 namespace {
 
+// Hopper's FP8 tensor cores keep only about 14 bits in their running sums (DeepGEMM's README; the
+// reason it promotes to float32 every 128-wide K block). Taken as a unit roundoff of 2^-13: with
+// float32's 2^-24 the wgmma kernel's float16 results fell outside the bound on the H200 (by
+// 1.4-2.2x), its bfloat16 results inside.
+constexpr double kFp8TensorCoreUnitRoundoff = 1.0 / 8192;
+
 #define SKIP_WITHOUT_GPU() \
   if (moex::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
@@ -228,8 +234,13 @@ TEST(CudaQuantWgmmaFp8, AgainstReferenceAndCudaCoreTiles) {
         sh.quantized = true;
         if (traits.hopper())
           EXPECT_EQ(moex::cuda::plan_grouped_mm(sh, traits).gemm, moex::cuda::GemmPath::kWgmmaFp8);
+        // The CUDA-core tiles sum in float32; the FP8 tensor cores sum each 128-wide block more
+        // coarsely before the float32 promotion (kFp8TensorCoreUnitRoundoff), which the wgmma
+        // kernel's reference is told.
         const QuantizedReference ref =
             experts_reference_f64_bounded(s, w, r.hidden, r.top_k_index, r.top_k_weights);
+        const QuantizedReference ref_tc = experts_reference_f64_bounded(
+            s, w, r.hidden, r.top_k_index, r.top_k_weights, kFp8TensorCoreUnitRoundoff);
         auto run = [&](const std::string& backend) {
           return experts_forward(backend, s, wg, on_gpu(r.hidden), on_gpu(r.top_k_index),
                                  on_gpu(r.top_k_weights))
@@ -237,17 +248,18 @@ TEST(CudaQuantWgmmaFp8, AgainstReferenceAndCudaCoreTiles) {
         };
         const Tensor wgmma = run("grouped_mm"), tiles = run("grouped_mm_quant_tiles");
         const double norm = l2_f64(ref.out);
-        const double bound =
-            experts_tolerance(act, std::max(c.H, c.I)) * norm + ref.crossing_bound;
-        EXPECT_LE(l2_diff(wgmma, ref.out), bound)
-            << "wgmma: elements near an e4m3 midpoint " << ref.near_midpoints << " of "
-            << ref.elements;
+        const double tol = experts_tolerance(act, std::max(c.H, c.I)) * norm;
+        const double bound = tol + ref.crossing_bound;
+        const double bound_tc = tol + ref_tc.crossing_bound + ref_tc.accumulation_bound;
+        EXPECT_LE(l2_diff(wgmma, ref.out), bound_tc)
+            << "wgmma: elements near an e4m3 midpoint " << ref_tc.near_midpoints << " of "
+            << ref_tc.elements << ", accumulation bound " << ref_tc.accumulation_bound;
         EXPECT_LE(l2_diff(tiles, ref.out), bound) << "CUDA-core tiles";
-        // Both within the bound of the reference: within twice of each other.
+        // Both within their bounds of the reference: within the sum of each other.
         const std::vector<float> a = wgmma.to_float_vector(), b = tiles.to_float_vector();
         double d = 0;
         for (size_t i = 0; i < a.size(); ++i) d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-        EXPECT_LE(std::sqrt(d), 2 * bound) << "wgmma vs CUDA-core tiles";
+        EXPECT_LE(std::sqrt(d), bound + bound_tc) << "wgmma vs CUDA-core tiles";
       }
 }
 

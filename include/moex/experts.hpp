@@ -284,15 +284,23 @@ Tensor experts_reference_f64(const ExpertsSpec& spec, const ExpertsWeights& weig
 // A backend is right when ||out - ref.out|| <= tolerance x ||ref.out|| + crossing_bound; with no
 // element near a midpoint the bound is 0 and the comparison is the plain one. For unquantized
 // specs the bound is always 0.
+// `accumulation_unit_roundoff`: the unit roundoff of the backend's sums inside one scale block
+// (0: float32's 2^-24). FP8 tensor cores sum a 128-wide block with fewer bits (DeepGEMM's reason
+// to promote per block): a coarser sum widens every element's error interval (more crossings)
+// and adds `accumulation_bound`, the same error model applied to the down projection's sums.
+// Such a backend is right when ||out - ref.out|| <= tolerance x ||ref.out|| + crossing_bound +
+// accumulation_bound.
 struct QuantizedReference {
   Tensor out;                  // float64 [T, H], as experts_reference_f64
   int64_t near_midpoints = 0;  // intermediate elements whose error interval holds a midpoint
   int64_t elements = 0;        // intermediate elements quantized (T x valid slots x I)
   double crossing_bound = 0;   // absolute L2 bound of what those elements can change
+  double accumulation_bound = 0;  // absolute L2 bound of the down sums' coarser rounding (or 0)
 };
 QuantizedReference experts_reference_f64_bounded(const ExpertsSpec& spec,
                                                  const ExpertsWeights& weights,
                                                  const Tensor& hidden, const Tensor& top_k_index,
-                                                 const Tensor& top_k_weights);
+                                                 const Tensor& top_k_weights,
+                                                 double accumulation_unit_roundoff = 0);
 
 }  // namespace moex

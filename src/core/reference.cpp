@@ -70,12 +70,13 @@ void intermediate_row(const ExpertsSpec& s, const std::vector<double>& a, std::v
 }  // namespace
 
 QuantizedReference quantized_reference(const ExpertsSpec& s, const ExpertsWeights& w,
-                                       const Tensor& hidden, const Tensor& idx, const Tensor& tw);
+                                       const Tensor& hidden, const Tensor& idx, const Tensor& tw,
+                                       double accumulation_unit_roundoff);
 
 Tensor experts_reference_f64(const ExpertsSpec& s, const ExpertsWeights& w, const Tensor& hidden,
                              const Tensor& idx, const Tensor& tw) {
   validate_experts_weights(s, w);
-  if (s.quant.quantized()) return quantized_reference(s, w, hidden, idx, tw).out;
+  if (s.quant.quantized()) return quantized_reference(s, w, hidden, idx, tw, 0).out;
   auto host = [](const Tensor& t) { return t.device().host_accessible() ? t : t.to(Device::cpu()); };
   const int64_t T = hidden.size(0), H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
   const int64_t k = idx.size(1), E = s.num_experts;
@@ -143,9 +144,10 @@ Tensor experts_reference_f64(const ExpertsSpec& s, const ExpertsWeights& w, cons
 
 QuantizedReference experts_reference_f64_bounded(const ExpertsSpec& s, const ExpertsWeights& w,
                                                  const Tensor& hidden, const Tensor& idx,
-                                                 const Tensor& tw) {
+                                                 const Tensor& tw, double accumulation_unit_roundoff) {
   validate_experts_weights(s, w);
-  if (s.quant.quantized()) return quantized_reference(s, w, hidden, idx, tw);
+  if (s.quant.quantized())
+    return quantized_reference(s, w, hidden, idx, tw, accumulation_unit_roundoff);
   QuantizedReference r;
   r.out = experts_reference_f64(s, w, hidden, idx, tw);
   return r;

@@ -69,7 +69,8 @@ float round_to(float v, DType dt) {
 }  // namespace
 
 QuantizedReference quantized_reference(const ExpertsSpec& s, const ExpertsWeights& w,
-                                       const Tensor& hidden, const Tensor& idx, const Tensor& tw) {
+                                       const Tensor& hidden, const Tensor& idx, const Tensor& tw,
+                                       double accumulation_unit_roundoff) {
   auto host = [](const Tensor& t) { return t.device().host_accessible() ? t : t.to(Device::cpu()); };
   const int64_t T = hidden.size(0), H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
   const int64_t k = idx.size(1), E = s.num_experts;
@@ -104,7 +105,12 @@ QuantizedReference quantized_reference(const ExpertsSpec& s, const ExpertsWeight
   // s_i by up to u |s_i|, independently, so the error is ~ u / sqrt(3) x sqrt(sum s_i^2) <=
   // 0.41 u K rms(p) for a sequential sum (the kernel's blocked, multi-lane sums do better).
   // 4 u sqrt(K) ||p||_2 = 4 u K rms(p) is ten of those standard deviations.
-  const double gamma_gu = 4.0 * std::sqrt(double(H)) * kU32;
+  const double u_acc = accumulation_unit_roundoff > kU32 ? accumulation_unit_roundoff : kU32;
+  const double gamma_gu = 4.0 * std::sqrt(double(H)) * u_acc;
+  const double gamma_dn = 4.0 * std::sqrt(double(I)) * u_acc;
+  const bool coarse = u_acc > kU32;  // float32 sums of the down projection: the tolerance covers them
+  std::vector<double> row_acc(coarse ? size_t(H) : 0);
+  double acc_sq = 0;
   std::vector<uint8_t> q;
   std::vector<float> sc, hf(static_cast<size_t>(I)), hs;
   std::vector<double> xq, hq, a(static_cast<size_t>(R)), mag(static_cast<size_t>(R));
@@ -112,6 +118,7 @@ QuantizedReference quantized_reference(const ExpertsSpec& s, const ExpertsWeight
   double bound_sq = 0;  // tokens write different output rows: their bounds add in squares
   for (int64_t t = 0; t < T; ++t) {
     double token_bound = 0;
+    std::fill(row_acc.begin(), row_acc.end(), 0.0);
     quantized_values(x.data() + t * H, H, q, sc, xq);
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = ids[size_t(t * k + j)];
@@ -181,15 +188,22 @@ QuantizedReference quantized_reference(const ExpertsSpec& s, const ExpertsWeight
         }
       }
       for (int64_t c = 0; c < H; ++c) {
-        double acc = 0;
+        double acc = 0, m = 0;
         const double* wr = ex.dn.data() + c * I;
-        for (int64_t i = 0; i < I; ++i) acc += hq[size_t(i)] * wr[i];
+        for (int64_t i = 0; i < I; ++i) {
+          const double p = hq[size_t(i)] * wr[i];
+          acc += p;
+          m += p * p;
+        }
         o[t * H + c] += wt * acc;
+        if (coarse) row_acc[size_t(c)] += std::fabs(wt) * gamma_dn * std::sqrt(m);
       }
     }
     bound_sq += token_bound * token_bound;
+    for (double r : row_acc) acc_sq += r * r;
   }
   res.crossing_bound = std::sqrt(bound_sq);
+  res.accumulation_bound = std::sqrt(acc_sq);
   return res;
 }
 

@@ -154,12 +154,14 @@ void run_quant_gemms(const ExpertsArgs& a, const Workspace& w, const ExpertsPlan
   const GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
   const GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
   const bool gemv = plan.gemm == GemmPath::kGemv;
+  // The most rows one route tile holds: one token cannot fill more than one row of any tile.
+  const int tile_rows = a.tokens <= 1 ? 1 : plan.tile_rows;
   launch_quantize_act(a.hidden_states, a.elem, a.tokens, a.hidden, nullptr, w.xq, w.xqs, s);
-  if (gemv) launch_grouped_gemv_quant(g1, a.gate_up_q, w.xq, w.xqs, s);
+  if (gemv) launch_grouped_gemv_quant(g1, a.gate_up_q, w.xq, w.xqs, tile_rows, s);
   else launch_grouped_gemm_quant(g1, a.gate_up_q, w.xq, w.xqs, s);
   // Positions that hold no pair (sentinels) are quantized too but never read.
   launch_quantize_act(w.h, a.elem, pairs_of(a), a.intermediate, nullptr, w.hq, w.hqs, s);
-  if (gemv) launch_grouped_gemv_quant(g2, a.down_q, w.hq, w.hqs, s);
+  if (gemv) launch_grouped_gemv_quant(g2, a.down_q, w.hq, w.hqs, tile_rows, s);
   else launch_grouped_gemm_quant(g2, a.down_q, w.hq, w.hqs, s);
 }
 

@@ -129,9 +129,11 @@ void launch_grouped_gemm_quant(const GroupedGemmArgs& a, const QuantWeightArgs& 
 void launch_grouped_gemm_wgmma_fp8(const GroupedGemmArgs& a, const QuantWeightArgs& w,
                                    const uint8_t* aq, const float* as, cudaStream_t stream);
 // The same for tiles of one or a few rows (decode): 16-byte weight loads, K a multiple of 16
-// (FP8) / 32 (FP4), 16-byte aligned weights.
+// (FP8) / 32 (FP4), 16-byte aligned weights. max_tile_rows: the most rows a tile can hold (1
+// picks the single-row instance).
 void launch_grouped_gemv_quant(const GroupedGemmArgs& a, const QuantWeightArgs& w,
-                               const uint8_t* aq, const float* as, cudaStream_t stream);
+                               const uint8_t* aq, const float* as, int max_tile_rows,
+                               cudaStream_t stream);
 // out [rows, N] (elem) = quantized linear of the codes aq / as of x [rows, K] with one quantized
 // weight [N, K] (+ bias [N] of elem, or null). Up to kQuantLinearGemvMaxRows rows (with K a
 // multiple of 16 / 32 and an aligned weight) it runs the GEMV, else the tile kernel.

@@ -77,20 +77,29 @@ int64_t gemv_col_blocks(int64_t N, int groups) {
   return (N + cols - 1) / cols;
 }
 
-template <class T, int kKind, int kGroups>
-void launch_gemv_quant_kind(const QuantGemmParams& q, const QuantWeightArgs& w, dim3 grid,
-                            cudaStream_t s) {
+template <class T, int kKind, int kGroups, int kChunk>
+void launch_gemv_quant_chunk(const QuantGemmParams& q, const QuantWeightArgs& w, dim3 grid,
+                             cudaStream_t s) {
   auto go = [&](auto kernel) {
     launch_pdl(kernel, grid, dim3(kQuantGemvWarps * 32), 0, s, current_device(), q);
   };
-  if (w.fp4) go(grouped_gemv_quant_kernel<T, kKind, kGroups, true, true>);
-  else if (w.scale_e8m0) go(grouped_gemv_quant_kernel<T, kKind, kGroups, false, true>);
-  else go(grouped_gemv_quant_kernel<T, kKind, kGroups, false, false>);
+  constexpr int W = kQuantGemvWarps, R = kQuantGemvWeightRows;
+  if (w.fp4) go(grouped_gemv_quant_kernel<T, kKind, kGroups, true, true, W, R, kChunk>);
+  else if (w.scale_e8m0) go(grouped_gemv_quant_kernel<T, kKind, kGroups, false, true, W, R, kChunk>);
+  else go(grouped_gemv_quant_kernel<T, kKind, kGroups, false, false, W, R, kChunk>);
+}
+
+template <class T, int kKind, int kGroups>
+void launch_gemv_quant_kind(const QuantGemmParams& q, const QuantWeightArgs& w, dim3 grid,
+                            int max_tile_rows, cudaStream_t s) {
+  if (max_tile_rows <= 1) launch_gemv_quant_chunk<T, kKind, kGroups, 1>(q, w, grid, s);
+  else launch_gemv_quant_chunk<T, kKind, kGroups, kQuantGemvRowChunk>(q, w, grid, s);
 }
 }  // namespace
 
 void launch_grouped_gemv_quant(const GroupedGemmArgs& a, const QuantWeightArgs& w,
-                               const uint8_t* aq, const float* as, cudaStream_t stream) {
+                               const uint8_t* aq, const float* as, int max_tile_rows,
+                               cudaStream_t stream) {
   if (a.max_tiles <= 0 || a.N <= 0) return;
   if (a.K % (w.fp4 ? 32 : 16) != 0)
     throw Error("launch_grouped_gemv_quant: K must be a multiple of 16 (FP8) / 32 (FP4)");
@@ -102,9 +111,10 @@ void launch_grouped_gemv_quant(const GroupedGemmArgs& a, const QuantWeightArgs& 
   const dim3 grid(unsigned(a.max_tiles), unsigned(col_blocks));
   dispatch_elem(a.elem, [&](auto t) {
     using T = decltype(t);
-    if (a.kind == GemmKind::kDown) launch_gemv_quant_kind<T, kQuantDown, 1>(q, w, grid, stream);
-    else if (a.gated) launch_gemv_quant_kind<T, kQuantGateUp, 2>(q, w, grid, stream);
-    else launch_gemv_quant_kind<T, kQuantGateUp, 1>(q, w, grid, stream);
+    const int rows = max_tile_rows;
+    if (a.kind == GemmKind::kDown) launch_gemv_quant_kind<T, kQuantDown, 1>(q, w, grid, rows, stream);
+    else if (a.gated) launch_gemv_quant_kind<T, kQuantGateUp, 2>(q, w, grid, rows, stream);
+    else launch_gemv_quant_kind<T, kQuantGateUp, 1>(q, w, grid, rows, stream);
   });
 }
 
@@ -131,7 +141,7 @@ void launch_linear_quant(const uint8_t* aq, const float* as, int64_t rows, int K
     using T = decltype(t);
     if (gemv) {
       const dim3 grid(1, unsigned(gemv_col_blocks(N, 1)));
-      launch_gemv_quant_kind<T, kQuantLinear, 1>(q, qw, grid, stream);
+      launch_gemv_quant_kind<T, kQuantLinear, 1>(q, qw, grid, int(rows), stream);
     } else {
       const dim3 grid(unsigned((rows + 31) / 32), unsigned((N + 31) / 32));
       launch_quant_kind<T, kQuantLinear, 1>(q, qw, grid, stream);

@@ -41,7 +41,11 @@ namespace moex::cuda {
 
 constexpr int kQuantGemvWarps = 4;       // warps per block
 constexpr int kQuantGemvWeightRows = 4;  // weight rows per warp
-constexpr int kQuantGemvRowChunk = 8;    // tile rows per pass over the weights
+// Tile rows per pass over the weights: 4 for tiles of several rows; calls whose tiles hold one
+// row (batched_mm's pairs, any call at T = 1) launch the 1-row instance, whose registers do not
+// pay for the wider chunks (lab/cuda/quant_gemv_lab.cu on the H200: 8-row chunks cost 28 % at
+// T = 1 and 4-row chunks beat 8 at T = 4 and 16).
+constexpr int kQuantGemvRowChunk = 4;
 
 // Four e4m3 codes (one 32-bit word, lowest byte first) -> four floats, in order.
 __device__ __forceinline__ void e4m3x4_to_float(uint32_t v, float* f) {
