@@ -30,8 +30,14 @@ class CapturedGraph {
 // Runs `fn` under stream capture (its launches are recorded, not executed) and returns the graph.
 // When capture fails (fn synchronises, copies from pageable memory, ...), the capture is ended
 // and the error rethrown; whatever host state fn changed is the caller's to restore.
-// Unsupported without CUDA.
-std::unique_ptr<CapturedGraph> capture_graph(Device device, const std::function<void()>& fn);
+// With `rewind`, fn first runs once for real under the graph's private memory pool, then
+// `rewind` undoes its host-side effects (and drops what it returned), then fn is captured: every
+// block the capture asks for is then already in the pool. Without the warm run, a temporary of
+// a size the allocator's cache holds no fitting block for is a cudaMalloc inside the capture,
+// which CUDA refuses (seen with FP8 checkpoints, whose quantized linears allocate activation
+// codes and scales per call). Unsupported without CUDA.
+std::unique_ptr<CapturedGraph> capture_graph(Device device, const std::function<void()>& fn,
+                                             const std::function<void()>& rewind = {});
 // The calling thread's current stream of a CUDA device, as cudaStream_t (moex::cuda::current_stream).
 void* current_stream(Device device);
 

@@ -16,7 +16,8 @@ void device_copy(void*, Device dst, const void*, Device src, size_t) {
 }
 int cuda_device_count() { return 0; }
 size_t device_free_bytes(Device) { return 0; }
-std::unique_ptr<CapturedGraph> capture_graph(Device device, const std::function<void()>&) {
+std::unique_ptr<CapturedGraph> capture_graph(Device device, const std::function<void()>&,
+                                             const std::function<void()>&) {
   throw Unsupported("graph capture on " + device.str() + " requested, but this moex was built without CUDA");
 }
 void* current_stream(Device device) {

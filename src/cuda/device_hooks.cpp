@@ -40,10 +40,19 @@ class CudaGraph final : public CapturedGraph {
 
 }  // namespace
 
-std::unique_ptr<CapturedGraph> capture_graph(Device device, const std::function<void()>& fn) {
+std::unique_ptr<CapturedGraph> capture_graph(Device device, const std::function<void()>& fn,
+                                             const std::function<void()>& rewind) {
   moex::cuda::DeviceGuard guard(device.index);
   auto g = std::make_unique<CudaGraph>(device.index);
   cudaStream_t s = moex::cuda::current_stream();
+  if (rewind) {  // the warm run: fills the private pool with the blocks the capture will ask for
+    {
+      moex::cuda::PrivatePoolScope scope(g->pool_.get());
+      fn();
+      rewind();
+    }
+    MOEX_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
   MOEX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   try {
     moex::cuda::PrivatePoolScope scope(g->pool_.get());

@@ -174,7 +174,14 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
       ops::make_device_step(graph_step, info_.device);
       const std::vector<int64_t> before = filled();
       try {
-        graph = detail::capture_graph(info_.device, [&] { graph_logits = forward(graph_step, cache, true); });
+        // Warm run first (the step's temporaries then come from the graph's pool), rewound:
+        // the capture writes the same cache column again and counts it once.
+        graph = detail::capture_graph(
+            info_.device, [&] { graph_logits = forward(graph_step, cache, true); },
+            [&] {
+              for (size_t l = 0; l < cache.layers.size(); ++l) cache.layers[l].filled = before[l];
+              graph_logits = Tensor();
+            });
         stats_.graph = true;
       } catch (const std::exception& e) {
         for (size_t l = 0; l < cache.layers.size(); ++l) cache.layers[l].filled = before[l];
