@@ -37,27 +37,11 @@ namespace {
 
 const std::vector<std::string> kCpuBackends = {"eager", "batched_mm", "grouped_mm"};
 
-ExpertsSpec quant_spec(QuantScheme::Kind kind, DType scale_dtype, int64_t E, int64_t H, int64_t I,
-                       bool gated = true, Activation act = Activation::kSilu) {
-  ExpertsSpec s;
-  s.num_experts = E;
-  s.hidden = H;
-  s.intermediate = I;
-  s.has_gate = gated;
-  s.act = act;
-  s.quant.kind = kind;
-  s.quant.scale_dtype = scale_dtype;
-  const bool fp4 = kind == QuantScheme::Kind::kFp4E2M1;
-  s.quant.block_n = fp4 ? 1 : 128;
-  s.quant.block_k = fp4 ? 32 : 128;
-  return s;
-}
-
 ExpertsSpec fp8(DType sd, int64_t E, int64_t H, int64_t I, bool gated = true) {
-  return quant_spec(QuantScheme::Kind::kFp8E4M3, sd, E, H, I, gated);
+  return quantized_spec(QuantScheme::Kind::kFp8E4M3, sd, E, H, I, gated);
 }
 ExpertsSpec fp4(int64_t E, int64_t H, int64_t I, bool gated = true) {
-  return quant_spec(QuantScheme::Kind::kFp4E2M1, DType::kF8E8M0, E, H, I, gated);
+  return quantized_spec(QuantScheme::Kind::kFp4E2M1, DType::kF8E8M0, E, H, I, gated);
 }
 
 double l2(const Tensor& a, const Tensor* b = nullptr) {
@@ -68,22 +52,6 @@ double l2(const Tensor& a, const Tensor* b = nullptr) {
     const double d = double(x[i]) - (b ? double(y[i]) : 0.0);
     s += d * d;
   }
-  return std::sqrt(s);
-}
-
-// ||out - ref|| with ref in float64, exactly.
-double l2_diff(const Tensor& out, const Tensor& ref) {
-  const std::vector<float> o = out.to_float_vector();
-  const double* r = ref.data<double>();
-  double s = 0;
-  for (size_t i = 0; i < o.size(); ++i) s += (double(o[i]) - r[i]) * (double(o[i]) - r[i]);
-  return std::sqrt(s);
-}
-
-double l2_f64(const Tensor& ref) {
-  const double* r = ref.data<double>();
-  double s = 0;
-  for (int64_t i = 0; i < int64_t(ref.numel()); ++i) s += r[i] * r[i];
   return std::sqrt(s);
 }
 

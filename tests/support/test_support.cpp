@@ -268,4 +268,35 @@ CliResult run_cli(const std::string& args, const std::string& tmp_dir) {
   return r;
 }
 
+ExpertsSpec quantized_spec(QuantScheme::Kind kind, DType scale_dtype, int64_t E, int64_t H,
+                           int64_t I, bool gated, Activation act) {
+  ExpertsSpec s;
+  s.num_experts = E;
+  s.hidden = H;
+  s.intermediate = I;
+  s.has_gate = gated;
+  s.act = act;
+  s.quant.kind = kind;
+  const bool fp4 = kind == QuantScheme::Kind::kFp4E2M1;
+  s.quant.scale_dtype = fp4 ? DType::kF8E8M0 : scale_dtype;
+  s.quant.block_n = fp4 ? 1 : 128;
+  s.quant.block_k = fp4 ? 32 : 128;
+  return s;
+}
+
+double l2_diff(const Tensor& out, const Tensor& ref) {
+  const std::vector<float> o = out.to_float_vector();
+  const double* r = ref.data<double>();
+  double s = 0;
+  for (size_t i = 0; i < o.size(); ++i) s += (double(o[i]) - r[i]) * (double(o[i]) - r[i]);
+  return std::sqrt(s);
+}
+
+double l2_f64(const Tensor& ref) {
+  const double* r = ref.data<double>();
+  double s = 0;
+  for (int64_t i = 0; i < int64_t(ref.numel()); ++i) s += r[i] * r[i];
+  return std::sqrt(s);
+}
+
 }  // namespace moex::test

@@ -53,6 +53,13 @@ using moex::rel_l2_error;
 
 // The weights (and biases) copied to `device`.
 ExpertsWeights experts_weights_to(const ExpertsWeights& w, Device device);
+// A block-quantized spec (FP8: 128 x 128 weight blocks with `scale_dtype` scales; FP4: 1 x 32
+// blocks, UE8M0 scales whatever `scale_dtype` says).
+ExpertsSpec quantized_spec(QuantScheme::Kind kind, DType scale_dtype, int64_t E, int64_t H,
+                           int64_t I, bool gated = true, Activation act = Activation::kSilu);
+// ||out - ref|| with ref a float64 tensor (a reference's output), summed in double; and ||ref||.
+double l2_diff(const Tensor& out, const Tensor& ref);
+double l2_f64(const Tensor& ref);
 
 // One consistency case, the check every backend suite runs: seeded weights and routing, the
 // backend's output on `device` against experts_reference_f64 at experts_tolerance (gtest
