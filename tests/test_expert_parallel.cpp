@@ -8,6 +8,7 @@
 
 #include "moex/check.hpp"
 #include "moex/expert_parallel.hpp"
+#include "moex/safetensors.hpp"
 #include "support/test_support.hpp"
 
 using namespace moex;
@@ -247,14 +248,26 @@ TEST(ExpertParallel, OtherLayoutsAndPerExpertRoutingWeights) {
     }
 }
 
-TEST(ExpertParallel, FixtureExpertsReplicatedOnTwoRanks) {
+TEST(ExpertParallel, FixtureCasesOnTwoRanksMatchTransformers) {
+  // The experts cases transformers recorded (experts_cases.safetensors, fp32) through both
+  // modes on 2 ranks, each rank holding half of the fixture's experts.
   for (const std::string model : {"qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "deepseek_v3",
                                   "gpt_oss"}) {
     const test::ExpertsFixture fx = test::load_experts_fixture(model);
-    if (fx.spec.num_experts % 2 != 0) continue;
-    SCOPED_TRACE(model);
-    expect_matches_single_device(2, "grouped_mm", fx.spec, DType::kF32, 9, 2,
-                                 test::RoutingCase::kRandom, ExpertParallelMode::kReplicated, 11);
+    ASSERT_EQ(fx.spec.num_experts % 2, 0) << model;
+    auto cases = SafetensorsFile::open(
+        test::data_path("hf-tiny/" + model + "/experts_cases.safetensors"));
+    for (int T : {1, 7, 64})
+      for (ExpertParallelMode mode :
+           {ExpertParallelMode::kReplicated, ExpertParallelMode::kAllToAll}) {
+        const std::string p = "T" + std::to_string(T) + "_";
+        test::Routing r{cases->get(p + "hidden"), cases->get(p + "top_k_index"),
+                        cases->get(p + "top_k_weights")};
+        const Tensor expected = cases->get(p + "out");
+        for (const Tensor& out : run_parallel(2, "grouped_mm", fx.spec, fx.weights, r, mode))
+          EXPECT_LE(rel_l2_error(out, expected), 1e-5)
+              << model << " T=" << T << " mode=" << mode_name(mode);
+      }
   }
 }
 
