@@ -1,0 +1,112 @@
+// Collective communication between the ranks of an expert-parallel group.
+//
+// A Communicator is the narrow interface the expert-parallel code (moex/expert_parallel.hpp) is
+// written against: a rank, a group size and five collectives. Every rank of a group must make
+// the same calls in the same order (as with NCCL or MPI); a call returns on a rank once every
+// rank has made it. The only implementation today is ThreadCommunicator: N ranks as N threads of
+// one process, used by the tests and the CPU path. An NCCL communicator for GPUs is meant to sit
+// behind the same interface; nothing runs across GPUs yet.
+//
+// Failure is part of the contract: a call never hangs. A rank whose peers do not arrive within
+// the group's timeout gets CommError, and so does every other rank then (the group is aborted).
+// A rank that fails outside a collective calls abort(); every pending and later call of every
+// rank then throws CommError naming that rank and its reason. Inputs that disagree across ranks
+// (dtype, shape, counts, or different collectives called at one step) throw InvalidInput on every
+// rank, naming the ranks and their shapes; such a mismatch leaves the group usable.
+//
+// Determinism: all_reduce_sum adds the ranks' tensors in rank order 0, 1, ..., N-1 in float32
+// and rounds once to the tensor's dtype, so every rank gets the same bits whatever the thread
+// timing, and the result equals a sequential sum over ranks.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moex/error.hpp"
+#include "moex/tensor.hpp"
+
+namespace moex {
+
+// A collective failed because of the group, not of this rank's input: a peer aborted, a peer did
+// not arrive within the timeout, or the group was aborted earlier.
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct AllToAllResult {
+  Tensor rows;                  // [sum(counts), ...]: rows from rank 0 first, then rank 1, ...
+  std::vector<int64_t> counts;  // [N]: rows received from each rank
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In place: t = sum over ranks of t, for contiguous host tensors of float32, bfloat16 or
+  // float16 with the same dtype and shape on every rank. Summed in rank order in float32, rounded
+  // once (see the file-top note). InvalidInput: a dtype or shape that differs across ranks, or an
+  // unsupported dtype / non-contiguous tensor.
+  virtual void all_reduce_sum(Tensor& t) = 0;
+
+  // Variable all-to-all. `send` is contiguous [R, ...] with R = sum(send_counts): the first
+  // send_counts[0] rows go to rank 0, the next send_counts[1] rows to rank 1, and so on. Returns
+  // the rows sent to this rank, in rank order of the senders (each sender's rows in their order),
+  // with the count from each. Every rank's `send` must have the same dtype and the same trailing
+  // shape (R may differ); send_counts has N non-negative entries summing to R.
+  virtual AllToAllResult all_to_all_v(const Tensor& send,
+                                      const std::vector<int64_t>& send_counts) = 0;
+
+  // Concatenation of every rank's `values` in rank order; every rank gives the same length
+  // (small vectors: counts, sizes, checks).
+  virtual std::vector<int64_t> all_gather(const std::vector<int64_t>& values) = 0;
+
+  virtual void barrier() = 0;
+
+  // Marks the group failed with `reason`: every pending and later call of every rank throws
+  // CommError naming this rank and the reason. Idempotent (the first reason is kept); never throws.
+  virtual void abort(const std::string& reason) noexcept = 0;
+};
+
+// ---- in-process ranks ----
+// The group's shared state lives in one object created by make_thread_group; each rank's
+// communicator is used by one thread at a time. Every collective copies: all_reduce_sum has each
+// rank read every other rank's tensor (N-fold work, which is what makes it order-exact and
+// simple); fine for tests and small groups, not a model of GPU bandwidth.
+class ThreadCommunicator final : public Communicator {
+ public:
+  ThreadCommunicator(std::shared_ptr<struct ThreadGroup> group, int rank);
+  int rank() const override { return rank_; }
+  int size() const override;
+  void all_reduce_sum(Tensor& t) override;
+  AllToAllResult all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts) override;
+  std::vector<int64_t> all_gather(const std::vector<int64_t>& values) override;
+  void barrier() override;
+  void abort(const std::string& reason) noexcept override;
+
+ private:
+  std::shared_ptr<struct ThreadGroup> group_;
+  int rank_;
+};
+
+constexpr std::chrono::milliseconds kDefaultCommTimeout{60000};
+
+// N communicators sharing one group (rank i is element i). `timeout`: how long a rank waits in a
+// collective for its peers before the group is aborted. InvalidInput when N < 1 or timeout <= 0.
+std::vector<std::unique_ptr<Communicator>> make_thread_group(
+    int ranks, std::chrono::milliseconds timeout = kDefaultCommTimeout);
+
+// Runs fn(comm) for every communicator on its own thread and joins them. A rank whose fn throws
+// aborts the group with the exception's message, so the others fail fast instead of waiting for
+// the timeout. Returns one exception_ptr per rank (null: that rank finished).
+std::vector<std::exception_ptr> run_ranks(const std::vector<std::unique_ptr<Communicator>>& comms,
+                                          const std::function<void(Communicator&)>& fn);
+
+}  // namespace moex

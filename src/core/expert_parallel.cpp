@@ -1,0 +1,167 @@
+// The experts call across ranks, replicated (all-reduce) or dispatched (all-to-all); the design is
+// in moex/expert_parallel.hpp.
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <string>
+
+#include "moex/error.hpp"
+#include "moex/expert_parallel.hpp"
+
+namespace moex {
+
+namespace {
+
+// The routing weight of every slot, [T, k], in top_k_weights' dtype: top_k_weights itself when it
+// is per slot, else gathered by id from [T, E] (0 for sentinels). Done once here so that both
+// modes, and the local experts call, see [T, k] whatever the router gave.
+Tensor slot_weights(const Tensor& top_k_index, const Tensor& top_k_weights, int64_t num_experts) {
+  const int64_t T = top_k_index.size(0), k = top_k_index.size(1);
+  if (top_k_weights.size(1) == k) return top_k_weights.contiguous();
+  const Tensor w = top_k_weights.contiguous();
+  Tensor out = Tensor::zeros({T, k}, w.dtype());
+  const std::vector<int64_t> ids = top_k_index.to_int_vector();
+  const size_t es = dtype_size(w.dtype());
+  const char* src = static_cast<const char*>(w.raw());
+  char* dst = static_cast<char*>(out.raw());
+  for (int64_t i = 0; i < T * k; ++i) {
+    const int64_t id = ids[size_t(i)];
+    if (id >= 0 && id < num_experts)
+      std::memcpy(dst + size_t(i) * es, src + size_t((i / k) * num_experts + id) * es, es);
+  }
+  return out;
+}
+
+// Local checks, then one all_gather so that ranks called with different problems all fail with
+// the same message instead of deadlocking or mixing rows of different shapes.
+void check_problem(Communicator& comm, const Experts& local, const ExpertShard& shard,
+                   const Tensor& hidden, const Tensor& top_k_index, const Tensor& top_k_weights,
+                   ExpertParallelMode mode) {
+  const std::string me = "expert_parallel_forward on rank " + std::to_string(comm.rank()) + ": ";
+  if (shard.rank != comm.rank() || shard.size != comm.size())
+    throw InvalidInput(me + "the shard is rank " + std::to_string(shard.rank) + " of " +
+                       std::to_string(shard.size) + ", the communicator rank " +
+                       std::to_string(comm.rank()) + " of " + std::to_string(comm.size()));
+  if (local.spec().num_experts != shard.count)
+    throw InvalidInput(me + "the local experts hold " + std::to_string(local.spec().num_experts) +
+                       " experts, the shard " + std::to_string(shard.count));
+  const int64_t H = local.spec().hidden;
+  if (hidden.dim() != 2 || hidden.size(1) != H)
+    throw InvalidInput(me + "hidden must be [T, " + std::to_string(H) + "], got " + hidden.str());
+  const int64_t T = hidden.size(0);
+  if (top_k_index.dim() != 2 || top_k_index.size(0) != T ||
+      (top_k_index.dtype() != DType::kI32 && top_k_index.dtype() != DType::kI64))
+    throw InvalidInput(me + "top_k_index must be int32 or int64 [" + std::to_string(T) +
+                       ", k], got " + top_k_index.str());
+  const int64_t k = top_k_index.size(1);
+  if (top_k_weights.dim() != 2 || top_k_weights.size(0) != T ||
+      (top_k_weights.size(1) != k && top_k_weights.size(1) != shard.num_experts) ||
+      !is_floating(top_k_weights.dtype()))
+    throw InvalidInput(me + "top_k_weights must be float [" + std::to_string(T) + ", " +
+                       std::to_string(k) + "] or [" + std::to_string(T) + ", " +
+                       std::to_string(shard.num_experts) + "], got " + top_k_weights.str());
+  for (const Tensor* t : {&hidden, &top_k_index, &top_k_weights})
+    if (!t->device().host_accessible())
+      throw Unsupported(me + "expert parallelism runs on host tensors for now, not " + t->str());
+  // Every rank holds the same ids, so every rank throws here alike (none is left waiting).
+  const std::vector<int64_t> ids = top_k_index.to_int_vector();
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0)
+      throw InvalidInput(me + "top_k_index[" + std::to_string(int64_t(i) / k) + ", " +
+                         std::to_string(int64_t(i) % k) + "] = " + std::to_string(ids[i]) +
+                         " is negative");
+
+  const std::vector<int64_t> mine = {T, k, H, int64_t(hidden.dtype()), int64_t(mode),
+                                     shard.num_experts};
+  const std::vector<int64_t> all = comm.all_gather(mine);
+  auto describe = [&](size_t r) {
+    const int64_t* v = &all[r * mine.size()];
+    std::ostringstream o;
+    o << "rank " << r << " has hidden " << dtype_name(DType(v[3])) << "[" << v[0] << ", " << v[2]
+      << "], k=" << v[1] << ", E=" << v[5] << ", mode "
+      << (ExpertParallelMode(v[4]) == ExpertParallelMode::kReplicated ? "replicated" : "all_to_all");
+    return o.str();
+  };
+  for (size_t q = 1; q < size_t(comm.size()); ++q)
+    if (!std::equal(all.begin(), all.begin() + std::ptrdiff_t(mine.size()),
+                    all.begin() + std::ptrdiff_t(q * mine.size())))
+      throw InvalidInput("expert_parallel_forward: the ranks disagree: " + describe(0) + ", " +
+                         describe(q));
+}
+
+Tensor rows_of(const Tensor& t, int64_t begin, int64_t end) { return t.slice(0, begin, end).contiguous(); }
+
+Tensor all_to_all_forward(Communicator& comm, const Experts& local, std::string_view backend,
+                          const ExpertShard& shard, const Tensor& hidden, const Tensor& top_k_index,
+                          const Tensor& weights) {
+  const int64_t T = hidden.size(0), k = top_k_index.size(1), H = hidden.size(1);
+  const DType dt = hidden.dtype();
+  const TokenRange mine = token_slice(T, comm.size(), comm.rank());
+  const int64_t Tl = mine.size();
+
+  // Dispatch: one row per (token, slot) routed to a held expert, ordered by destination.
+  const std::vector<int64_t> ids = rows_of(top_k_index, mine.begin, mine.end).to_int_vector();
+  const DispatchPlan plan = plan_dispatch(ids, k, shard);
+  const int64_t R = int64_t(plan.flat.size());
+  const Tensor x = rows_of(hidden, mine.begin, mine.end);
+  const std::vector<float> w = rows_of(weights, mine.begin, mine.end).to_float_vector();
+  Tensor send_x = Tensor::empty({R, H}, dt);
+  Tensor send_id = Tensor::empty({R, 1}, DType::kI64);
+  Tensor send_w = Tensor::empty({R, 1}, DType::kF32);
+  const size_t row_bytes = size_t(H) * dtype_size(dt);
+  for (int64_t p = 0; p < R; ++p) {
+    const int64_t f = plan.flat[size_t(p)];
+    std::memcpy(static_cast<char*>(send_x.raw()) + size_t(p) * row_bytes,
+                static_cast<const char*>(x.raw()) + size_t(f / k) * row_bytes, row_bytes);
+    send_id.data<int64_t>()[p] = plan.local_ids[size_t(p)];
+    send_w.data<float>()[p] = w[size_t(f)];
+  }
+  const AllToAllResult got_x = comm.all_to_all_v(send_x, plan.send_counts);
+  const AllToAllResult got_id = comm.all_to_all_v(send_id, plan.send_counts);
+  const AllToAllResult got_w = comm.all_to_all_v(send_w, plan.send_counts);
+
+  // The owner's experts on the rows it received: a [rows, 1] top-k problem, weight applied.
+  const Tensor y = local.forward(backend, got_x.rows, got_id.rows, got_w.rows);
+
+  // Back to the senders: each receives its rows in the order it sent them (plan order).
+  const AllToAllResult back = comm.all_to_all_v(y, got_x.counts);
+
+  // Combine per token in slot order, float32, one rounding.
+  const std::vector<int64_t> pos = combine_positions(plan, Tl, k);
+  const Tensor back_f = back.rows.to(DType::kF32);
+  const float* b = back_f.data<float>();
+  std::vector<float> acc(size_t(Tl * H), 0.0f);
+  for (int64_t t = 0; t < Tl; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t p = pos[size_t(t * k + j)];
+      if (p < 0) continue;
+      for (int64_t h = 0; h < H; ++h) acc[size_t(t * H + h)] += b[p * H + h];
+    }
+
+  // Every rank returns [T, H]: each sends its slice to all (the receive is in rank order).
+  Tensor send_out = Tensor::empty({Tl * comm.size(), H}, dt);
+  for (int r = 0; r < comm.size(); ++r)
+    convert_floats(acc.data(), DType::kF32,
+                   static_cast<char*>(send_out.raw()) + size_t(r * Tl) * row_bytes, dt, Tl * H);
+  return comm.all_to_all_v(send_out, std::vector<int64_t>(size_t(comm.size()), Tl)).rows;
+}
+
+}  // namespace
+
+Tensor expert_parallel_forward(Communicator& comm, const Experts& local, std::string_view backend,
+                               const ExpertShard& shard, const Tensor& hidden,
+                               const Tensor& top_k_index, const Tensor& top_k_weights,
+                               ExpertParallelMode mode) {
+  check_problem(comm, local, shard, hidden, top_k_index, top_k_weights, mode);
+  const Tensor x = hidden.contiguous();
+  const Tensor ids = top_k_index.contiguous();
+  const Tensor w = slot_weights(ids, top_k_weights, shard.num_experts);
+  if (mode == ExpertParallelMode::kAllToAll)
+    return all_to_all_forward(comm, local, backend, shard, x, ids, w);
+  // Replicated: this rank's experts on every token, the others' ids as sentinels, summed.
+  Tensor out = local.forward(backend, x, mark_sentinels(ids, shard), w);
+  comm.all_reduce_sum(out);
+  return out;
+}
+
+}  // namespace moex
