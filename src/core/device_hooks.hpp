@@ -40,5 +40,8 @@ std::unique_ptr<CapturedGraph> capture_graph(Device device, const std::function<
                                              const std::function<void()>& rewind = {});
 // The calling thread's current stream of a CUDA device, as cudaStream_t (moex::cuda::current_stream).
 void* current_stream(Device device);
+// Whether the calling thread's current stream of `device` is being captured into a graph (work
+// whose sizes come from host values of the step must refuse to be recorded). False on the CPU.
+bool capturing(Device device);
 
 }  // namespace moex::detail

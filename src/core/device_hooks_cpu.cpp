@@ -25,5 +25,7 @@ void* current_stream(Device device) {
                     " was requested, but this moex was built without CUDA");
 }
 
+bool capturing(Device) { return false; }
+
 }  // namespace moex::detail
 #endif

@@ -78,4 +78,12 @@ void* current_stream(Device device) {
   return moex::cuda::current_stream();
 }
 
+bool capturing(Device device) {
+  if (!device.is_cuda()) return false;
+  moex::cuda::DeviceGuard guard(device.index);
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  MOEX_CUDA_CHECK(cudaStreamIsCapturing(moex::cuda::current_stream(), &st));
+  return st != cudaStreamCaptureStatusNone;
+}
+
 }  // namespace moex::detail

@@ -33,15 +33,18 @@
 //
 // Block-quantized checkpoints (FP8 linears, FP8 or FP4 routed experts; quantized_weights.hpp)
 // load through the same loaders: every linear with a weight_scale_inv stays quantized unless
-// LoadOptions::dequantize. A quantized kv_b_proj has no per-head form, so its layers run the
-// expanded attention at every step (transformers' own arithmetic, one FP8 linear per step). Exact formulas, tensor names and
-// config defaults: docs/arch_deepseek_v3_gpt_oss.md.
+// LoadOptions::dequantize. Prompts run a quantized kv_b_proj as its FP8 linear (transformers'
+// arithmetic); decode steps absorb a copy dequantized to the model dtype (see the loader), where
+// transformers re-expands every cached latent through the FP8 linear per step. Exact formulas,
+// tensor names and config defaults: docs/arch_deepseek_v3_gpt_oss.md.
 #include <string>
 #include <vector>
 
+#include "core/device_hooks.hpp"
 #include "model/architecture.hpp"
 #include "model/deepseek_mla.hpp"
 #include "model/deepseek_router.hpp"
+#include "model/quantized_weights.hpp"
 #include "moex/error.hpp"
 #include "moex/experts.hpp"
 
@@ -160,13 +163,23 @@ class DeepseekV3LM final : public DecoderLM {
       a.kv_a_proj = load_linear(ckpt, ap + "kv_a_proj_with_mqa", kv_lora_ + rope_dim_, H, dt, attn_bias, dev, false, q);
       a.kv_a_norm = load_vector(ckpt, ap + "kv_a_layernorm.weight", kv_lora_, dt, dev);
       // The absorbed decode reads kv_b_proj per head (ops::linear_per_group): keep its tensor.
-      // A quantized kv_b_proj has no per-head form: its layer always takes the expanded path.
       a.kv_b_proj = load_linear(ckpt, ap + "kv_b_proj", heads_ * (nope_ + v_dim_), kv_lora_, dt, false, dev,
                                 /*keep_tensor=*/true, q);
-      if (!a.kv_b_proj.weight.quantized()) {
-        a.w_uk = {a.kv_b_proj.weight.tensor, heads_, nope_ + v_dim_, 0, nope_};
-        a.w_uv = {a.kv_b_proj.weight.tensor, heads_, nope_ + v_dim_, nope_, v_dim_};
+      Tensor per_head = a.kv_b_proj.weight.tensor;
+      if (a.kv_b_proj.weight.quantized()) {
+        // Block-quantized, kv_b_proj has no per-head form (a 128-row block spans heads' key and
+        // value rows): decode absorbs a copy dequantized to the model dtype, as DeepSeek's own
+        // inference code does (weight_dequant of wkv_b); prompts keep the FP8 linear. It costs
+        // heads x (nope + v) x kv_lora values per layer (33.5 MB of bf16 in DeepSeek-V3) and keeps
+        // a decode step's work independent of the cache length (the expanded form re-expands
+        // every cached latent each step, with the length on the host: no decode graph).
+        const std::string name = ap + "kv_b_proj";
+        const bool fp4 = ckpt.get(name + ".weight").dtype() == DType::kI8;
+        per_head = dequantize(read_quantized(ckpt, name, heads_ * (nope_ + v_dim_), kv_lora_, fp4), dt).to(dev);
+        record_weights("attention", per_head);
       }
+      a.w_uk = {per_head, heads_, nope_ + v_dim_, 0, nope_};
+      a.w_uv = {per_head, heads_, nope_ + v_dim_, nope_, v_dim_};
       a.o_proj = load_linear(ckpt, ap + "o_proj", H, heads_ * v_dim_, dt, attn_bias, dev, false, q);
       record_weights("attention", {&a.kv_a_proj, &a.kv_b_proj, &a.o_proj});
       L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, dt, dev);
@@ -226,7 +239,7 @@ class DeepseekV3LM final : public DecoderLM {
     // The compressed cache entry: [c; k_rot], the values being its first kv_lora columns.
     ops::kv_append(kv, ops::concat_columns(latent, k_rot, 1), Tensor(), step);
 
-    const bool absorbed = step.past > 0 && step.tokens <= kAbsorbTokens && !a.kv_b_proj.weight.quantized();
+    const bool absorbed = step.past > 0 && step.tokens <= kAbsorbTokens;
     Tensor o = absorbed ? absorbed_attention(a, q, kv, step) : expanded_attention(a, q, latent, k_rot, kv, step);
     return linear(o, a.o_proj, dt);
   }
@@ -248,6 +261,10 @@ class DeepseekV3LM final : public DecoderLM {
   // columns [0, past + T), attended through a temporary cache. -> [rows, heads * v].
   Tensor expanded_attention(const MlaWeights& a, const Tensor& q, const Tensor& latent, const Tensor& k_rot,
                             const LayerKV& kv, const Step& step) const {
+    // Sizes below come from the step's host length: such a step must not be recorded in a graph.
+    if (step.past > 0 && detail::capturing(info_.device))
+      throw Unsupported("DeepSeek MLA: a step of " + std::to_string(step.tokens) + " tokens over a cache expands " +
+                        "the cached latents by the host's length and cannot be captured in a graph");
     const DType dt = act();
     const int64_t n = step.past + step.tokens;
     Tensor lat = latent, rot = k_rot;
