@@ -35,6 +35,7 @@
 namespace moex::ops {
 namespace {
 
+// kFlash: the flash kernel with every block shape that fits the head dims (run_device's `block`).
 enum class Kernel { kPlanned, kSplit, kFlash };
 const char* kernel_name(Kernel k) { return k == Kernel::kPlanned ? "planned" : k == Kernel::kSplit ? "split" : "flash"; }
 
@@ -144,14 +145,17 @@ Step make_step(int64_t batch, int64_t tokens, int64_t past, const std::vector<in
 // The op on the device with the plan's kernel, or with one forced (CUDA builds); empty when the
 // forced kernel does not apply.
 bool run_device(const Tensor& q, const LayerKV& kv, const Step& step, const AttentionSpec& spec, DType act,
-                Kernel kernel, Tensor& out) {
+                Kernel kernel, int block, Tensor& out) {
 #if MOEX_WITH_CUDA
   if (kernel != Kernel::kPlanned) {
     const cuda::AttentionShape shape = cuda::attention_shape_of(q, kv, step, spec, act);
     cuda::AttentionPlan plan = cuda::plan_attention(shape);
     if (kernel == Kernel::kFlash) {
-      if (!cuda::flash_mma_applies(shape)) return false;
+      const cuda::FlashBlock b = cuda::kFlashBlocks[block];
+      if (!cuda::flash_mma_applies(shape) || !cuda::flash_block_fits(b, shape.head_dim_k, shape.head_dim_v))
+        return false;
       plan.kernel = cuda::AttentionKernel::kFlashMma;
+      plan.flash_block = b;
     } else if (plan.kernel != cuda::AttentionKernel::kSplitSimt) {
       plan.kernel = cuda::AttentionKernel::kSplitSimt;
       plan.splits = 3;  // prefill on the split kernel: several splits, one of them often empty
@@ -160,6 +164,7 @@ bool run_device(const Tensor& q, const LayerKV& kv, const Step& step, const Atte
     return true;
   }
 #else
+  (void)block;
   if (kernel != Kernel::kPlanned) return false;
 #endif
   out = attention(q, kv, step, spec, act);
@@ -219,15 +224,21 @@ void check_case(const Case& c) {
       ref = reference_f64(q, hkv, hs, hspec, sinks);
     }
     const Tensor dq = device_tensor(q, {rows, c.heads * c.dk}, c.dtype);
-    for (Kernel kernel : {Kernel::kPlanned, Kernel::kSplit, Kernel::kFlash}) {
+#if MOEX_WITH_CUDA
+    const int blocks = int(std::size(cuda::kFlashBlocks));
+#else
+    const int blocks = 1;
+#endif
+    for (Kernel kernel : {Kernel::kPlanned, Kernel::kSplit, Kernel::kFlash})
+     for (int block = 0; block < (kernel == Kernel::kFlash ? blocks : 1); ++block) {
       Tensor out;
-      if (!run_device(dq, dkv, ds, dspec, act, kernel, out)) continue;
+      if (!run_device(dq, dkv, ds, dspec, act, kernel, block, out)) continue;
       ASSERT_EQ(out.dtype(), act);
       ASSERT_EQ(out.size(0), rows);
       ASSERT_EQ(out.size(1), c.heads * c.dv);
       expect_close(out.to_float_vector(), ref, c.dtype,
                    std::string("step ") + std::to_string(si) + " (T " + std::to_string(T) + ", past " +
-                       std::to_string(past) + "), kernel " + kernel_name(kernel));
+                       std::to_string(past) + "), kernel " + kernel_name(kernel) + " " + std::to_string(block));
     }
     past += T;
   }
@@ -510,7 +521,26 @@ TEST(CudaAttentionPlan, Rules) {
   EXPECT_EQ(cuda::plan_attention(s).kernel, cuda::AttentionKernel::kSplitSimt);
   s.tokens = 17;
   EXPECT_EQ(cuda::plan_attention(s).kernel, cuda::AttentionKernel::kFlashMma);
+  EXPECT_EQ(cuda::plan_attention(s).flash_block, cuda::FlashBlock::k4x32n64);  // head dims 128
+  cuda::AttentionShape narrow = s;
+  narrow.head_dim_k = narrow.head_dim_v = 64;
+  EXPECT_EQ(cuda::plan_attention(narrow).flash_block, cuda::FlashBlock::k8x16n64);
   EXPECT_EQ((cuda::AttentionPlan{cuda::AttentionKernel::kSplitSimt, 8}.describe()), "split-KV SIMT, 8 splits");
+  EXPECT_EQ((cuda::AttentionPlan{cuda::AttentionKernel::kFlashMma, 1, cuda::FlashBlock::k4x32n64}.describe()),
+            "flash mma.sync, 4 warps x 32 rows, 64-column tiles");
+  // Blocks of 128 rows only where Q and two K / V stages fit: head dims up to 128.
+  cuda::AttentionShape wide = s;
+  wide.head_dim_k = 192;
+  EXPECT_EQ(cuda::plan_attention(wide).flash_block, cuda::FlashBlock::k4x16n64);
+  for (cuda::FlashBlock b : cuda::kFlashBlocks) {
+    EXPECT_NO_THROW(cuda::check_attention_plan(cuda::AttentionPlan{cuda::AttentionKernel::kFlashMma, 1, b}, s));
+    if (b != cuda::FlashBlock::k4x16n64)
+      EXPECT_THROW(cuda::check_attention_plan(cuda::AttentionPlan{cuda::AttentionKernel::kFlashMma, 1, b}, wide),
+                   InvalidInput);
+  }
+  EXPECT_THROW(
+      cuda::check_attention_plan(cuda::AttentionPlan{cuda::AttentionKernel::kFlashMma, 1, cuda::FlashBlock(9)}, s),
+      InvalidInput);
   EXPECT_THROW(cuda::check_attention_plan(cuda::AttentionPlan{cuda::AttentionKernel::kSplitSimt, 0}, s), InvalidInput);
 }
 #endif

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "moex/bench.hpp"
+#include "ops/cuda/attention_plan.hpp"
 #include "ops/ops.hpp"
 
 using namespace moex;
@@ -24,7 +25,8 @@ Tensor random_device(int64_t rows, int64_t width, std::mt19937& rng) {
 }
 
 // One case: B sequences whose cache holds `past` columns, then a step of T tokens (prefill when
-// past = 0), heads / kv_heads of width d; median ms of the attention call alone.
+// past = 0), heads / kv_heads of width d; median ms of the attention call alone, with the planned
+// kernel and, for the flash kernel, with each block shape it has ("variant").
 void run_case(const char* name, int64_t B, int64_t past, int64_t T, int64_t heads, int64_t kv_heads, int64_t d) {
   std::mt19937 rng(1);
   const Device dev = Device::cuda(0);
@@ -44,17 +46,26 @@ void run_case(const char* name, int64_t B, int64_t past, int64_t T, int64_t head
   spec.kv_heads = kv_heads;
   spec.head_dim_k = spec.head_dim_v = d;
   spec.scale = 1.0f / std::sqrt(float(d));
-  const double ms = time_cuda_ms(dev, [&] { (void)ops::attention(q, kv, step, spec, DType::kBF16); }, false, 3, 20);
-  // Causal pairs (query, key) and the flops of q.k and p.v over them.
-  double pairs = 0;
-  for (int64_t t = 0; t < T; ++t) pairs += double(past + t + 1);
-  const double flops = 4.0 * double(B) * double(heads) * double(d) * pairs;
-  const double bytes = 2.0 * double(B) * double(past + T) * double(kv_heads) * d * 2;  // k and v, bf16
-  std::printf("{\"case\": \"%s\", \"engine\": \"moex\", \"batch\": %lld, \"past\": %lld, \"tokens\": %lld, "
-              "\"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, \"ms\": %.4f, \"tflops\": %.1f, "
-              "\"kv_gbps\": %.0f}\n",
-              name, (long long)B, (long long)past, (long long)T, (long long)heads, (long long)kv_heads,
-              (long long)d, ms, flops / ms / 1e9, bytes / ms / 1e6);
+  const ops::cuda::AttentionPlan planned =
+      ops::cuda::plan_attention(ops::cuda::attention_shape_of(q, kv, step, spec, DType::kBF16));
+  std::vector<ops::cuda::AttentionPlan> plans{planned};
+  if (planned.kernel == ops::cuda::AttentionKernel::kFlashMma)
+    for (ops::cuda::FlashBlock b : ops::cuda::kFlashBlocks)
+      if (b != planned.flash_block && ops::cuda::flash_block_fits(b, d, d)) plans.push_back({planned.kernel, 1, b});
+  for (const auto& plan : plans) {
+    const double ms = time_cuda_ms(
+        dev, [&] { (void)ops::cuda::attention_planned(q, kv, step, spec, DType::kBF16, plan); }, false, 3, 20);
+    // Causal pairs (query, key) and the flops of q.k and p.v over them.
+    double pairs = 0;
+    for (int64_t t = 0; t < T; ++t) pairs += double(past + t + 1);
+    const double flops = 4.0 * double(B) * double(heads) * double(d) * pairs;
+    const double bytes = 2.0 * double(B) * double(past + T) * double(kv_heads) * d * 2;  // k and v, bf16
+    std::printf("{\"case\": \"%s\", \"engine\": \"moex\", \"variant\": \"%s\", \"batch\": %lld, "
+                "\"past\": %lld, \"tokens\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, "
+                "\"ms\": %.4f, \"tflops\": %.1f, \"kv_gbps\": %.0f}\n",
+                name, plan.describe().c_str(), (long long)B, (long long)past, (long long)T, (long long)heads,
+                (long long)kv_heads, (long long)d, ms, flops / ms / 1e9, bytes / ms / 1e6);
+  }
 }
 
 }  // namespace
@@ -68,5 +79,7 @@ int main() {
   run_case("mixtral prefill 4096", 1, 0, 4096, 32, 8, 128);
   run_case("mixtral decode b32 4096", 32, 4096, 1, 32, 8, 128);
   run_case("gpt-oss prefill 4096", 1, 0, 4096, 64, 8, 64);
+  run_case("qwen prefill 8 x 512", 8, 0, 512, 16, 16, 128);
+  run_case("128 heads prefill 4096", 1, 0, 4096, 128, 128, 128);
   return 0;
 }

@@ -112,6 +112,12 @@ Tensor attention_planned(const Tensor& q, const LayerKV& kv, const Step& step, c
   a.eager = spec.eager_rounding;
 
   if (plan.kernel == AttentionKernel::kFlashMma) {
+    switch (plan.flash_block) {
+      case FlashBlock::k4x16n64: a.flash_warps = 4, a.flash_warp_mtiles = 1, a.flash_columns = 64; break;
+      case FlashBlock::k8x16n64: a.flash_warps = 8, a.flash_warp_mtiles = 1, a.flash_columns = 64; break;
+      case FlashBlock::k4x32n64: a.flash_warps = 4, a.flash_warp_mtiles = 2, a.flash_columns = 64; break;
+      case FlashBlock::k4x32n32: a.flash_warps = 4, a.flash_warp_mtiles = 2, a.flash_columns = 32; break;
+    }
     launch_attention_flash_mma(a, out.raw(), stream);
     return out;
   }

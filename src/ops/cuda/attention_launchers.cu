@@ -33,32 +33,54 @@ void opt_in_smem(Kernel kernel, int64_t bytes, std::atomic<uint64_t>& opted) {
 
 int dim_class(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
-template <class T, int kDk, int kDv>
+template <class T, int kDk, int kDv, int kWarps, int kMT, int kN>
 void launch_flash_instance(const FlashParams& fp, int batch, cudaStream_t stream) {
-  auto kernel = attention_flash_mma_kernel<T, kDk, kDv>;
-  const size_t smem = flash_smem_bytes_for<kDk>(sizeof(T), kDv);
+  auto kernel = attention_flash_mma_kernel<T, kDk, kDv, kWarps, kMT, kN>;
+  constexpr int rows = 16 * kMT * kWarps;
+  const size_t smem = flash_smem_bytes_for<kDk, kDv>(sizeof(T), rows, kN);
   static std::atomic<uint64_t> opted{0};
   opt_in_smem(kernel, int64_t(smem), opted);
-  const dim3 grid(unsigned((fp.tokens + kFlashRows - 1) / kFlashRows), unsigned(fp.heads), unsigned(batch));
-  kernel<<<grid, kFlashThreads, smem, stream>>>(fp);
+  const int64_t qblocks = (int64_t(fp.tokens) + rows - 1) / rows;
+  if (qblocks > 65535) throw Unsupported("attention: a prompt of " + std::to_string(fp.tokens) + " tokens exceeds " +
+                                         "the flash kernel's grid (65535 blocks of " + std::to_string(rows) + ")");
+  const dim3 grid(unsigned(fp.heads), unsigned(qblocks), unsigned(batch));
+  kernel<<<grid, 32 * kWarps, smem, stream>>>(fp);
   MOEX_CUDA_CHECK_LAUNCH(attention_flash_mma_kernel);
 }
 
+// The block shapes of attention_plan.hpp's FlashBlock (the plan validated the combination).
+template <class T, int kDk, int kDv>
+void launch_flash_block(const FlashParams& fp, int batch, const AttentionArgs& a, cudaStream_t stream) {
+  if constexpr (kDk <= 128 && kDv <= 128) {
+    if (a.flash_warps == 8 && a.flash_warp_mtiles == 1 && a.flash_columns == 64)
+      return launch_flash_instance<T, kDk, kDv, 8, 1, 64>(fp, batch, stream);
+    if (a.flash_warps == 4 && a.flash_warp_mtiles == 2 && a.flash_columns == 64)
+      return launch_flash_instance<T, kDk, kDv, 4, 2, 64>(fp, batch, stream);
+    if (a.flash_warps == 4 && a.flash_warp_mtiles == 2 && a.flash_columns == 32)
+      return launch_flash_instance<T, kDk, kDv, 4, 2, 32>(fp, batch, stream);
+  }
+  if (a.flash_warps == 4 && a.flash_warp_mtiles == 1 && a.flash_columns == 64)
+    return launch_flash_instance<T, kDk, kDv, 4, 1, 64>(fp, batch, stream);
+  throw Unsupported("attention: the flash kernel has no instance of " + std::to_string(a.flash_warps) + " warps x " +
+                    std::to_string(16 * a.flash_warp_mtiles) + " rows, " + std::to_string(a.flash_columns) +
+                    "-column tiles for head dims " + std::to_string(fp.dk) + " / " + std::to_string(fp.dv));
+}
+
 template <class T, int kDk>
-void launch_flash_dv(const FlashParams& fp, int batch, cudaStream_t stream) {
+void launch_flash_dv(const FlashParams& fp, int batch, const AttentionArgs& a, cudaStream_t stream) {
   switch (dim_class(fp.dv)) {
-    case 64: return launch_flash_instance<T, kDk, 64>(fp, batch, stream);
-    case 128: return launch_flash_instance<T, kDk, 128>(fp, batch, stream);
-    default: return launch_flash_instance<T, kDk, 256>(fp, batch, stream);
+    case 64: return launch_flash_block<T, kDk, 64>(fp, batch, a, stream);
+    case 128: return launch_flash_block<T, kDk, 128>(fp, batch, a, stream);
+    default: return launch_flash_block<T, kDk, 256>(fp, batch, a, stream);
   }
 }
 
 template <class T>
-void launch_flash_typed(const FlashParams& fp, int batch, cudaStream_t stream) {
+void launch_flash_typed(const FlashParams& fp, int batch, const AttentionArgs& a, cudaStream_t stream) {
   switch (dim_class(fp.dk)) {
-    case 64: return launch_flash_dv<T, 64>(fp, batch, stream);
-    case 128: return launch_flash_dv<T, 128>(fp, batch, stream);
-    default: return launch_flash_dv<T, 256>(fp, batch, stream);
+    case 64: return launch_flash_dv<T, 64>(fp, batch, a, stream);
+    case 128: return launch_flash_dv<T, 128>(fp, batch, a, stream);
+    default: return launch_flash_dv<T, 256>(fp, batch, a, stream);
   }
 }
 
@@ -112,8 +134,8 @@ void launch_attention_flash_mma(const AttentionArgs& a, void* out, cudaStream_t 
   fp.window = a.window;
   fp.sinks = a.sinks;
   fp.sinks_code = a.sinks_code;
-  if (a.elem == kAttnBF16) launch_flash_typed<__nv_bfloat16>(fp, a.batch, stream);
-  else if (a.elem == kAttnF16) launch_flash_typed<__half>(fp, a.batch, stream);
+  if (a.elem == kAttnBF16) launch_flash_typed<__nv_bfloat16>(fp, a.batch, a, stream);
+  else if (a.elem == kAttnF16) launch_flash_typed<__half>(fp, a.batch, a, stream);
   else throw Unsupported("attention: the flash mma kernel runs bf16 / f16 only");
 }
 

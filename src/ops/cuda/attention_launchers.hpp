@@ -31,6 +31,9 @@ struct AttentionArgs {
   int window = 0;  // 0: none
   bool eager = false;
   bool v_from_k = false;
+  // Flash kernel block shape: warps, m-tiles of 16 query rows per warp, K/V tile columns (the
+  // combinations of attention_plan.hpp's FlashBlock).
+  int flash_warps = 4, flash_warp_mtiles = 1, flash_columns = 64;
 };
 
 // Tensor-core prefill: writes out [rows, heads * dv] of dtype elem (== act) directly.

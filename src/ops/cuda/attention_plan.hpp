@@ -19,12 +19,25 @@ enum class AttentionKernel : unsigned char {
   // head dims, both rounding semantics. The decode kernel (flash decoding) and the general
   // fallback.
   kSplitSimt,
-  // FA2-style prefill on the tensor cores: a warp owns 16 query rows of one head, K/V tiles of 64
-  // columns staged with cp.async, mma.sync m16n8k16 with float32 accumulation, online softmax.
-  // bf16 / f16 with act == the cache dtype, head dims multiples of 16 up to 256, sdpa semantics.
+  // FA2-style prefill on the tensor cores: a warp owns 16 or 32 query rows of one head, K/V tiles
+  // staged with cp.async, mma.sync m16n8k16 with float32 accumulation, online softmax. bf16 / f16
+  // with act == the cache dtype, head dims multiples of 16 up to 256, sdpa semantics.
   kFlashMma,
 };
 const char* attention_kernel_name(AttentionKernel k);
+
+// Block shapes of the flash kernel: warps x query rows per warp, K/V tile columns.
+enum class FlashBlock : unsigned char {
+  k4x16n64,  // 64 query rows per block; the only one for head dims above 128 (shared memory)
+  k8x16n64,  // 128 rows, Q's fragments in registers
+  k4x32n64,  // 128 rows, two m-tiles per warp: each K / V fragment feeds both (FA2's shape)
+  k4x32n32,  // the same over 32-column tiles (fewer live scores)
+};
+inline constexpr FlashBlock kFlashBlocks[] = {FlashBlock::k4x16n64, FlashBlock::k8x16n64, FlashBlock::k4x32n64,
+                                              FlashBlock::k4x32n32};
+const char* flash_block_name(FlashBlock b);  // "4 warps x 16 rows, 64-column tiles"
+// Whether block shape `b` has an instance for these head dims (all but k4x16n64 need both <= 128).
+bool flash_block_fits(FlashBlock b, int64_t head_dim_k, int64_t head_dim_v);
 
 // What a plan depends on, read off a call (shape_of in attention.cu).
 struct AttentionShape {
@@ -41,6 +54,7 @@ struct AttentionShape {
 struct AttentionPlan {
   AttentionKernel kernel = AttentionKernel::kSplitSimt;
   int splits = 1;  // kSplitSimt: cache splits (each ceil(capacity / splits) columns)
+  FlashBlock flash_block = FlashBlock::k4x16n64;  // kFlashMma: the block shape
   bool operator==(const AttentionPlan&) const = default;
   std::string describe() const;  // "split-KV SIMT, 8 splits" / "flash mma.sync"
 };
@@ -54,7 +68,9 @@ inline constexpr int64_t kSplitMinColumns = 256;
 inline constexpr int kSplitMaxSplits = 64;
 
 bool flash_mma_applies(const AttentionShape& s);
-// Rules: the flash mma kernel for prefill (tokens > kAttentionDecodeTokens) where it applies;
+// Rules: the flash mma kernel for prefill (tokens > kAttentionDecodeTokens) where it applies,
+// with blocks of 4 warps x 32 rows for head dims up to 128, 8 x 16 up to 64, 4 x 16 above
+// (measured, docs/gpu_model.md);
 // otherwise the split kernel, with enough splits that the grid gives every SM two blocks, at most
 // one split per kSplitMinColumns of capacity and at most kSplitMaxSplits.
 AttentionPlan plan_attention(const AttentionShape& s);
