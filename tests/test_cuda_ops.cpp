@@ -346,8 +346,9 @@ TEST(CudaOps, RmsNormBothStylesAndGroups) {
   struct Case {
     int64_t rows, width, group;
   };
+  // 1100 x 2880: a prompt's rows, one warp per wide row (1000 x 5120 stays on block teams).
   const Case cases[] = {{1, 17, 0}, {3, 129, 0}, {67, 2880, 0}, {1000, 5120, 0}, {3, 5120, 0},
-                        {67, 1024, 64}, {1000, 512, 128}, {3, 2880, 64}, {1, 4096, 2048}};
+                        {67, 1024, 64}, {1000, 512, 128}, {3, 2880, 64}, {1, 4096, 2048}, {1100, 2880, 0}};
   for (DType act : kActs)
     for (Case c : cases)
       for (auto style : {ops::RmsNormStyle::kLlama, ops::RmsNormStyle::kGptOss})
@@ -374,7 +375,7 @@ TEST(CudaOps, AddRmsNormIsAddThenNorm) {
   if (moex::test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
   uint64_t seed = 560;
   for (DType act : kActs)
-    for (int64_t rows : {1, 3, 67})
+    for (int64_t rows : {1, 3, 67, 1100})
       for (int64_t width : {17, 1000, 2048, 2880})
         for (auto style : {ops::RmsNormStyle::kLlama, ops::RmsNormStyle::kGptOss}) {
           const std::string what = name(act) + " " + std::to_string(rows) + "x" + std::to_string(width);

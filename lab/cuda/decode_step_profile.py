@@ -18,7 +18,7 @@ def short(name):
     return name[-60:]
 
 
-def main(path):
+def main(path, prompt=False):
     launches = collections.OrderedDict()  # id -> [name, us, bytes]
     with open(path, newline="") as f:
         lines = [l for l in f if l.startswith('"')]
@@ -39,10 +39,16 @@ def main(path):
     if cur:
         steps.append(cur)
     print(f"forwards seen: {len(steps)} (launches per forward: {[len(s) for s in steps]})")
-    if len(steps) < 3:
+    if prompt:
+        if not steps:
+            print("no forward seen")
+            return
+        step = steps[0]
+    elif len(steps) < 3:
         print("not enough forwards to pick a decode step")
         return
-    step = steps[-2]  # the last one may be cut by the run's end
+    else:
+        step = steps[-2]  # the last one may be cut by the run's end
     tot_us = sum(u for _, u, _ in step)
     tot_b = sum(b for _, _, b in step)
     agg = collections.defaultdict(lambda: [0.0, 0, 0.0])
@@ -51,7 +57,7 @@ def main(path):
         a[0] += us
         a[1] += 1
         a[2] += b
-    print(f"decode step: {len(step)} kernels, {tot_us:.0f} us of kernel time, {tot_b / 1e6:.0f} MB read "
+    print(f"{'prompt' if prompt else 'decode step'}: {len(step)} kernels, {tot_us:.0f} us of kernel time, {tot_b / 1e6:.0f} MB read "
           f"({tot_b / max(tot_us, 1e-9) / 1e3:.0f} GB/s over the kernel time)")
     print(f"{'kernel':60s} {'us':>8s} {'n':>5s} {'us/launch':>9s} {'MB':>8s} {'GB/s':>6s} {'share':>6s}")
     for name, (us, n, b) in sorted(agg.items(), key=lambda kv: -kv[1][0]):
@@ -60,4 +66,4 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--prompt" in sys.argv[2:])

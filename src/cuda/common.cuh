@@ -54,6 +54,17 @@ __device__ __forceinline__ void widen8(const uint4& v, float* f) {
   }
 }
 
+// Eight floats rounded to T (16-bit) and packed for one 16-byte store (widen8's inverse).
+template <class T>
+__device__ __forceinline__ uint4 narrow8(const float* f) {
+  uint4 v;
+  v.x = pack2<T>(f[0], f[1]);
+  v.y = pack2<T>(f[2], f[3]);
+  v.z = pack2<T>(f[4], f[5]);
+  v.w = pack2<T>(f[6], f[7]);
+  return v;
+}
+
 // Run-time float dtype codes for small side inputs (routing weights): avoids multiplying kernel
 // instantiations by the routing-weight dtype, which costs one branch per load.
 enum FloatCode : int { kCodeF32 = 0, kCodeF16 = 1, kCodeBF16 = 2 };
