@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Nsight Compute sections (speed of light, warp stalls, scheduler, memory, occupancy, source
 # counters) of the flash prefill kernel on the Qwen1.5-MoE shape (4096 tokens, 16 heads of 128):
-# the first launch of each block size the attention lab times (lab/cuda/attention_lab.cpp).
+# the first launch of the planned block shape and of the next one the attention lab times
+# (lab/cuda/attention_lab.cpp runs the planned shape first, then the others in FlashBlock order).
 # Run from the repository root after a CUDA build in build/; writes $OUT/attention_flash_ncu.txt.
 set -u
 OUT=${OUT:-/tmp}
@@ -9,7 +10,7 @@ OUT=${OUT:-/tmp}
   -Wl,-rpath,$PWD/build -o /tmp/attention_lab
 SECTIONS=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy
           --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats)
-# The lab warms each variant 3 times, then times it: launch 0 is the first block size, 23 the second.
+# The lab warms each shape 3 times, then times it 20 times: launch 0 is the planned shape, 23 the next.
 for skip in 0 23; do
   timeout 200 ncu "${SECTIONS[@]}" --clock-control none --kernel-name regex:attention_flash --launch-skip $skip \
     --launch-count 1 /tmp/attention_lab 2>&1 | grep -v '^{' 

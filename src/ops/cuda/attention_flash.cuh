@@ -243,12 +243,15 @@ __global__ void __launch_bounds__(32 * kWarps) attention_flash_mma_kernel(FlashP
           s[mt][nf][e] = exp2f(s[mt][nf][e] - ref[e / 2]);
           l[mt][e / 2] += s[mt][nf][e];  // unrounded (float32 normaliser)
         }
+      // Once a row's maximum settles, alpha is exactly 1: skip the multiplications (same bits).
+      if (alpha[0] != 1.f || alpha[1] != 1.f) {
 #pragma unroll
-      for (int nv = 0; nv < NV; ++nv) {
-        o[mt][nv][0] *= alpha[0];
-        o[mt][nv][1] *= alpha[0];
-        o[mt][nv][2] *= alpha[1];
-        o[mt][nv][3] *= alpha[1];
+        for (int nv = 0; nv < NV; ++nv) {
+          o[mt][nv][0] *= alpha[0];
+          o[mt][nv][1] *= alpha[0];
+          o[mt][nv][2] *= alpha[1];
+          o[mt][nv][3] *= alpha[1];
+        }
       }
     }
 

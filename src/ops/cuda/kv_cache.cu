@@ -22,7 +22,9 @@ namespace {
 // cache[b, past + t, :] = x[b * T + t, :], 16 bytes per thread and step when both sides allow it
 // (same dtype, dim * size a multiple of 16), else element by element with conversion. One launch
 // appends keys and values (blockIdx.y picks the job): a decode step appends per layer, and the
-// second launch cost as much as the copy itself.
+// second launch cost as much as the copy itself. Blocks stride over rows and threads over a row's
+// chunks, so the (sequence, token) of a row is divided out once per row: with a flat index four
+// int64 divisions per 16-byte chunk held a 4096-token prompt's append to 0.4 TB/s on the H200.
 struct CopyJob {
   const void* src;
   void* dst;
@@ -35,25 +37,22 @@ __global__ void kv_copy_rows_kernel(const CopyJob j0, const CopyJob j1, const in
                                     int tokens, int64_t capacity, int elem_bytes) {
   const CopyJob& j = blockIdx.y == 0 ? j0 : j1;
   const int64_t past = step[0], dim = j.dim;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  if (j.vec) {
-    const int64_t per = 16 / elem_bytes, chunks = dim / per;
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * chunks; i += stride) {
-      const int64_t r = i / chunks, c = i % chunks, b = r / tokens, t = r % tokens;
-      const uint4* s = reinterpret_cast<const uint4*>(static_cast<const char*>(j.src) + (r * dim + c * per) * elem_bytes);
-      uint4* d = reinterpret_cast<uint4*>(static_cast<char*>(j.dst) +
-                                          ((b * capacity + past + t) * dim + c * per) * elem_bytes);
-      *d = *s;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t b = r / tokens, t = r % tokens, dst_row = b * capacity + past + t;
+    if (j.vec) {
+      const int64_t chunks = dim * elem_bytes / 16;
+      const uint4* s = reinterpret_cast<const uint4*>(static_cast<const char*>(j.src) + r * dim * elem_bytes);
+      uint4* d = reinterpret_cast<uint4*>(static_cast<char*>(j.dst) + dst_row * dim * elem_bytes);
+      for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) d[c] = s[c];
+      continue;
     }
-    return;
-  }
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * dim; i += stride) {
-    const int64_t r = i / dim, e = i % dim, b = r / tokens, t = r % tokens;
-    const float x = moex::cuda::load_float(j.src, j.src_code, i);
-    const int64_t o = (b * capacity + past + t) * dim + e;
-    if (j.dst_code == moex::cuda::kCodeF16) static_cast<__half*>(j.dst)[o] = __float2half_rn(x);
-    else if (j.dst_code == moex::cuda::kCodeBF16) static_cast<__nv_bfloat16*>(j.dst)[o] = __float2bfloat16_rn(x);
-    else static_cast<float*>(j.dst)[o] = x;
+    for (int64_t e = threadIdx.x; e < dim; e += blockDim.x) {
+      const float x = moex::cuda::load_float(j.src, j.src_code, r * dim + e);
+      const int64_t o = dst_row * dim + e;
+      if (j.dst_code == moex::cuda::kCodeF16) static_cast<__half*>(j.dst)[o] = __float2half_rn(x);
+      else if (j.dst_code == moex::cuda::kCodeBF16) static_cast<__nv_bfloat16*>(j.dst)[o] = __float2bfloat16_rn(x);
+      else static_cast<float*>(j.dst)[o] = x;
+    }
   }
 }
 
@@ -93,10 +92,8 @@ void copy_rows(Tensor& cache, const Tensor& x, Tensor* cache2, const Tensor* x2,
   if (rows == 0) return;
   const int elem_bytes = int(dtype_size(cache.dtype()));
   const CopyJob j0 = job_of(cache, x), j1 = cache2 ? job_of(*cache2, *x2) : j0;
-  auto work_of = [&](const CopyJob& j) { return j.vec ? rows * j.dim * elem_bytes / 16 : rows * j.dim; };
-  const int64_t work = std::max(work_of(j0), work_of(j1));
-  if (work == 0) return;
-  const int64_t blocks = std::clamp<int64_t>((work + 255) / 256, 1, 65535);
+  if (std::max(j0.dim, j1.dim) == 0) return;
+  const int64_t blocks = std::min<int64_t>(rows, 65535);  // a block per row (strided beyond)
   const dim3 grid(unsigned(blocks), cache2 ? 2u : 1u);
   kv_copy_rows_kernel<<<grid, 256, 0, stream>>>(j0, j1, step.device.data<int32_t>(), rows, int(step.tokens),
                                                 cache.size(1), elem_bytes);
