@@ -509,10 +509,14 @@ TEST(CudaAttentionPlan, Rules) {
   s.tokens = 1;
   s.batch = 1;
   EXPECT_EQ(cuda::plan_attention(s).kernel, cuda::AttentionKernel::kSplitSimt);
-  EXPECT_EQ(cuda::plan_attention(s).splits, 16);  // 4096 / 256 columns
+  EXPECT_EQ(cuda::plan_attention(s).splits, 64);  // 2 x 132 SMs / 4 blocks = 66, capped at 64
   s.capacity = 100000;
-  EXPECT_EQ(cuda::plan_attention(s).splits, 64);  // 2 x 132 SMs / 4 blocks, capped at 64
+  EXPECT_EQ(cuda::plan_attention(s).splits, 64);
+  s.capacity = 1000;
+  EXPECT_EQ(cuda::plan_attention(s).splits, 32);  // 1000 / 32 columns
   s.capacity = 100;
+  EXPECT_EQ(cuda::plan_attention(s).splits, 4);
+  s.capacity = 20;
   EXPECT_EQ(cuda::plan_attention(s).splits, 1);
   s.capacity = 4096;
   s.batch = 64;  // 256 blocks already fill the device

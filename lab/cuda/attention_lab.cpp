@@ -52,6 +52,10 @@ void run_case(const char* name, int64_t B, int64_t past, int64_t T, int64_t head
   if (planned.kernel == ops::cuda::AttentionKernel::kFlashMma)
     for (ops::cuda::FlashBlock b : ops::cuda::kFlashBlocks)
       if (b != planned.flash_block && ops::cuda::flash_block_fits(b, d, d)) plans.push_back({planned.kernel, 1, b});
+  // Decode: the split kernel over other split counts (the plan sizes them from the capacity).
+  if (planned.kernel == ops::cuda::AttentionKernel::kSplitSimt && B == 1)
+    for (int splits : {1, 2, 4, 8, 16, 32})
+      if (splits != planned.splits && splits <= past + T) plans.push_back({planned.kernel, splits});
   for (const auto& plan : plans) {
     const double ms = time_cuda_ms(
         dev, [&] { (void)ops::cuda::attention_planned(q, kv, step, spec, DType::kBF16, plan); }, false, 3, 20);
@@ -74,6 +78,8 @@ int main() {
   // Qwen1.5-MoE-A2.7B (16 heads of 128, no GQA), Mixtral (32 / 8 of 128), gpt-oss (64 / 8 of 64).
   run_case("qwen prefill 4096", 1, 0, 4096, 16, 16, 128);
   run_case("qwen decode b1 4096", 1, 4096, 1, 16, 16, 128);
+  run_case("qwen decode b1 192", 1, 191, 1, 16, 16, 128);
+  run_case("qwen decode b1 1024", 1, 1023, 1, 16, 16, 128);
   run_case("qwen decode b32 256", 32, 256, 1, 16, 16, 128);
   run_case("qwen decode b32 4096", 32, 4096, 1, 16, 16, 128);
   run_case("mixtral prefill 4096", 1, 0, 4096, 32, 8, 128);
