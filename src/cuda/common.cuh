@@ -54,6 +54,10 @@ __device__ __forceinline__ void widen8(const uint4& v, float* f) {
   }
 }
 
+// Whether a pointer may be read or written with 16-byte vector accesses (host-side checks that
+// pick a vectorised kernel).
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
 // Eight floats rounded to T (16-bit) and packed for one 16-byte store (widen8's inverse).
 template <class T>
 __device__ __forceinline__ uint4 narrow8(const float* f) {

@@ -11,6 +11,8 @@
 
 namespace moex::ops::cuda {
 
+using moex::cuda::aligned16;
+
 namespace {
 
 // Opts `kernel` in to the device's whole dynamic shared memory, once per kernel and device (`opted`
@@ -102,8 +104,6 @@ void launch_split_typed(const SplitParams& sp, bool eager, int batch, int kv_hea
   launch_split_pass<T, 2>(sp, batch, kv_heads, qblocks, stream);
   launch_split_pass<T, 3>(sp, batch, kv_heads, qblocks, stream);
 }
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 __global__ void convert_floats_kernel(const void* src, int src_code, void* dst, int dst_code, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)

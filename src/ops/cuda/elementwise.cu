@@ -22,6 +22,8 @@
 
 namespace moex::ops::cuda {
 
+using moex::cuda::aligned16;
+
 namespace {
 
 using moex::cuda::from_float;
@@ -143,8 +145,6 @@ __global__ void add_gated_vec_kernel(T* __restrict__ y, const T* __restrict__ sh
     }
   }
 }
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <class T>
 __global__ void embedding_kernel(const void* __restrict__ table, int table_code,

@@ -32,6 +32,8 @@
 
 namespace moex::ops::cuda {
 
+using moex::cuda::aligned16;
+
 namespace {
 
 constexpr int kWarps = 8;
@@ -162,8 +164,6 @@ void launch_segments(const Tensor& x, std::span<const Tensor* const> weights,
     default: launch<T, 8>(xp, segs, blocks, in, s, device); break;
   }
 }
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace
 

@@ -24,6 +24,8 @@
 
 namespace moex::ops::cuda {
 
+using moex::cuda::aligned16;
+
 namespace {
 
 using moex::cuda::from_float;
@@ -127,8 +129,6 @@ __global__ void __launch_bounds__(kThreads)
     ov[c] = moex::cuda::narrow8<T>(v);
   }
 }
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // x_code / x_raw: the input; out: the output of element type TO (x itself when in place).
 template <class TO>
