@@ -173,9 +173,7 @@ class DeepseekV3LM final : public DecoderLM {
         // heads x (nope + v) x kv_lora values per layer (33.5 MB of bf16 in DeepSeek-V3) and keeps
         // a decode step's work independent of the cache length (the expanded form re-expands
         // every cached latent each step, with the length on the host: no decode graph).
-        const std::string name = ap + "kv_b_proj";
-        const bool fp4 = ckpt.get(name + ".weight").dtype() == DType::kI8;
-        per_head = dequantize(read_quantized(ckpt, name, heads_ * (nope_ + v_dim_), kv_lora_, fp4), dt).to(dev);
+        per_head = read_dequantized(ckpt, ap + "kv_b_proj", heads_ * (nope_ + v_dim_), kv_lora_, dt).to(dev);
         record_weights("attention", per_head);
       }
       a.w_uk = {per_head, heads_, nope_ + v_dim_, 0, nope_};

@@ -171,6 +171,18 @@ Tensor dequantize(const QuantizedTensor& q, DType dtype) {
   return dtype == DType::kF32 ? out : out.to(dtype);
 }
 
+namespace {
+// FP4 linears outside the experts are not a hub format: a weight's dtype says which it is.
+bool stored_fp4(const Checkpoint& ckpt, const std::string& name) {
+  const std::string wname = name + ".weight";
+  return ckpt.has(wname) && ckpt.get(wname).dtype() == DType::kI8;
+}
+}  // namespace
+
+Tensor read_dequantized(const Checkpoint& ckpt, const std::string& name, int64_t n, int64_t k, DType dtype) {
+  return dequantize(read_quantized(ckpt, name, n, k, stored_fp4(ckpt, name)), dtype);
+}
+
 ops::LinearWeight load_linear_weight(const Checkpoint& ckpt, const std::string& name, int64_t out, int64_t in,
                                      DType dtype, Device device, bool keep_tensor, const QuantLoad& quant) {
   const std::string wname = name + ".weight";
@@ -183,10 +195,8 @@ ops::LinearWeight load_linear_weight(const Checkpoint& ckpt, const std::string& 
   if (!quant.quantized)
     throw InvalidInput("tensor '" + name + kScaleSuffix + "' in " + ckpt.file_of(name + kScaleSuffix) +
                        " is a block scale, but " + ckpt.dir() + "/config.json has no quantization_config");
-  // FP4 linears outside the experts are not a hub format: a weight's dtype says which it is.
-  const bool fp4 = ckpt.has(wname) && ckpt.get(wname).dtype() == DType::kI8;
-  QuantizedTensor q = read_quantized(ckpt, name, out, in, fp4);
-  if (quant.dequantize) return ops::prepare_linear(dequantize(q, dtype).to(device), keep_tensor);
+  if (quant.dequantize) return ops::prepare_linear(read_dequantized(ckpt, name, out, in, dtype).to(device), keep_tensor);
+  QuantizedTensor q = read_quantized(ckpt, name, out, in, stored_fp4(ckpt, name));
   return ops::prepare_quantized_linear(q.codes.to(device), q.scale.to(device), q.scheme, out, in);
 }
 

@@ -57,6 +57,9 @@ QuantizedTensor read_quantized(const Checkpoint& ckpt, const std::string& name, 
 // W_real = value x scale in float32 per quant.hpp, rounded once to `dtype` (exact for float32).
 // -> host [n, k].
 Tensor dequantize(const QuantizedTensor& q, DType dtype);
+// The quantized weight `<name>.weight` [n, k] (FP8, or FP4 when stored as I8) read and
+// dequantized to `dtype`. -> host [n, k].
+Tensor read_dequantized(const Checkpoint& ckpt, const std::string& name, int64_t n, int64_t k, DType dtype);
 
 // The weight of linear `<name>` [out, in] prepared for `device`: quantized as stored (unless
 // quant.dequantize) when it has a scale, else the plain path (converted to `dtype`).
