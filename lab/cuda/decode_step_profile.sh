@@ -5,15 +5,10 @@
 # step (lab/cuda/decode_step_profile.py): time, launches, bytes, GB/s, and the sum against the
 # step's measured time. Run on a Hopper machine from the repo root:
 #   bash lab/cuda/decode_step_profile.sh [MODEL [LAYERS [BATCH]]]   (default qwen1.5-moe-a2.7b 24 1)
-# Makes the checkpoint with bench/e2e_side_by_side.py's shapes under $WORK (default /tmp/moex_e2e).
+# The checkpoint: e2e_checkpoint (lab/cuda/device_env.sh).
 . lab/cuda/device_env.sh
 model=${1:-qwen1.5-moe-a2.7b}; layers=${2:-24}; B=${3:-1}
-WORK=${WORK:-/tmp/moex_e2e}
-dir=$WORK/${model}-${layers}l  # the directory bench/e2e_side_by_side.py names
-if [ ! -f "$dir/config.json" ]; then
-  python3 bench/e2e_side_by_side.py --moex "$BUILD/moex" --models "$model" --layers "$layers" \
-    --cases 1x8 --new-tokens 2 --repeats 1 --hf-impls none --work "$WORK" > "$L/checkpoint.log" 2>&1
-fi
+dir=$(e2e_checkpoint "$model" "$layers")
 ids=$(python3 -c "print(';'.join(','.join(str(11 + 7 * b + t) for t in range(16)) for b in range($B)))")
 M=gpu__time_duration.sum,dram__bytes_read.sum
 # Prompt + 4 decode steps; the condenser keeps the last complete step.

@@ -5,7 +5,9 @@
 #   step, $OUT/logs/ the full output of each step;
 # - records the GPU (name, driver, max SM clock, power limit) at the top of the summary;
 # - defines `run_gtest LABEL BINARY [ARGS...]`: one GoogleTest binary, its result line and
-#   failures appended to the summary, its rc returned.
+#   failures appended to the summary, its rc returned;
+# - defines `e2e_checkpoint MODEL LAYERS`: prints the directory of bench/e2e_side_by_side.py's
+#   random-weight checkpoint of that shape under $WORK (default /tmp/moex_e2e), made if missing.
 set -u
 BUILD=${BUILD:-build-gpu}
 OUT=${OUT:-/tmp/moex_out}
@@ -30,4 +32,14 @@ run_gtest() {  # label binary [args...]
   echo "$label rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$f" | tr '\n' ' ')" >> "$S"
   grep -E '^\[  FAILED  \]' "$f" | head -8 >> "$S"
   return $rc
+}
+
+e2e_checkpoint() {  # model layers
+  local work=${WORK:-/tmp/moex_e2e}
+  local dir=$work/$1-$2l  # the directory bench/e2e_side_by_side.py names
+  if [ ! -f "$dir/config.json" ]; then
+    python3 bench/e2e_side_by_side.py --moex "$BUILD/moex" --models "$1" --layers "$2" \
+      --cases 1x8 --new-tokens 2 --repeats 1 --hf-impls none --work "$work" > "$L/checkpoint.log" 2>&1
+  fi
+  echo "$dir"
 }

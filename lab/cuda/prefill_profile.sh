@@ -3,15 +3,10 @@
 # tokens, default 4096) on a random-weight checkpoint timed alone by Nsight Compute, condensed per
 # kernel name (lab/cuda/decode_step_profile.py --prompt). Run on a Hopper machine from the repo
 # root:  bash lab/cuda/prefill_profile.sh [MODEL [LAYERS [TOKENS]]]   (default qwen1.5-moe-a2.7b 24 4096)
-# Makes the checkpoint with bench/e2e_side_by_side.py's shapes under $WORK (default /tmp/moex_e2e).
+# The checkpoint: e2e_checkpoint (lab/cuda/device_env.sh).
 . lab/cuda/device_env.sh
 model=${1:-qwen1.5-moe-a2.7b}; layers=${2:-24}; N=${3:-4096}
-WORK=${WORK:-/tmp/moex_e2e}
-dir=$WORK/${model}-${layers}l  # the directory bench/e2e_side_by_side.py names
-if [ ! -f "$dir/config.json" ]; then
-  python3 bench/e2e_side_by_side.py --moex "$BUILD/moex" --models "$model" --layers "$layers" \
-    --cases 1x8 --new-tokens 2 --repeats 1 --hf-impls none --work "$WORK" > "$L/checkpoint.log" 2>&1
-fi
+dir=$(e2e_checkpoint "$model" "$layers")
 ids=$(python3 -c "print(','.join(str(11 + (7 * t) % 30000) for t in range($N)))")
 M=gpu__time_duration.sum,dram__bytes_read.sum
 timeout 500 ncu --cache-control none --clock-control none --metrics "$M" --csv --print-units base \
