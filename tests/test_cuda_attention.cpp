@@ -35,9 +35,12 @@
 namespace moex::ops {
 namespace {
 
-// kFlash: the flash kernel with every block shape that fits the head dims (run_device's `block`).
-enum class Kernel { kPlanned, kSplit, kFlash };
-const char* kernel_name(Kernel k) { return k == Kernel::kPlanned ? "planned" : k == Kernel::kSplit ? "split" : "flash"; }
+// kFlash: the flash kernel with every block shape that fits the head dims (run_device's `block`);
+// kSplit / kVec: the SIMT / vector split kernels, on prompts too (with several splits).
+enum class Kernel { kPlanned, kSplit, kVec, kFlash };
+const char* kernel_name(Kernel k) {
+  return k == Kernel::kPlanned ? "planned" : k == Kernel::kSplit ? "split" : k == Kernel::kVec ? "vector split" : "flash";
+}
 
 struct Case {
   DType dtype = DType::kBF16;
@@ -156,9 +159,12 @@ bool run_device(const Tensor& q, const LayerKV& kv, const Step& step, const Atte
         return false;
       plan.kernel = cuda::AttentionKernel::kFlashMma;
       plan.flash_block = b;
-    } else if (plan.kernel != cuda::AttentionKernel::kSplitSimt) {
-      plan.kernel = cuda::AttentionKernel::kSplitSimt;
-      plan.splits = 3;  // prefill on the split kernel: several splits, one of them often empty
+    } else {
+      const auto want = kernel == Kernel::kVec ? cuda::AttentionKernel::kSplitVec : cuda::AttentionKernel::kSplitSimt;
+      if (want == cuda::AttentionKernel::kSplitVec && !cuda::split_vec_applies(shape)) return false;
+      // Prefill on a split kernel: several splits, one of them often empty.
+      if (plan.kernel == cuda::AttentionKernel::kFlashMma) plan.splits = 3;
+      plan.kernel = want;
     }
     out = cuda::attention_planned(q, kv, step, spec, act, plan);
     return true;
@@ -229,7 +235,7 @@ void check_case(const Case& c) {
 #else
     const int blocks = 1;
 #endif
-    for (Kernel kernel : {Kernel::kPlanned, Kernel::kSplit, Kernel::kFlash})
+    for (Kernel kernel : {Kernel::kPlanned, Kernel::kSplit, Kernel::kVec, Kernel::kFlash})
      for (int block = 0; block < (kernel == Kernel::kFlash ? blocks : 1); ++block) {
       Tensor out;
       if (!run_device(dq, dkv, ds, dspec, act, kernel, block, out)) continue;
@@ -250,7 +256,7 @@ void check_case(const Case& c) {
 TEST(CudaAttention, MatchesHostAcrossHeadDimsAndGqa) {
   MOEX_REQUIRE_CUDA();
   const int64_t dims[][2] = {{32, 32}, {48, 32}, {64, 64}, {128, 128}, {192, 128}};
-  const int64_t ratios[] = {1, 2, 8};
+  const int64_t ratios[] = {1, 2, 4, 8};  // queries per vector-split block 1, 2, 4, 8 (and 2 blocks)
   uint64_t seed = 100;
   for (DType dt : {DType::kBF16, DType::kF32})
     for (int i = 0; i < 5; ++i)
@@ -508,7 +514,25 @@ TEST(CudaAttentionPlan, Rules) {
   s.head_dim_k = s.head_dim_v = 128;
   s.tokens = 1;
   s.batch = 1;
-  EXPECT_EQ(cuda::plan_attention(s).kernel, cuda::AttentionKernel::kSplitSimt);
+  EXPECT_EQ(cuda::plan_attention(s).kernel, cuda::AttentionKernel::kSplitVec);
+  // The vector kernel: bf16 / f16 sdpa, separate K and V, head dims both 64 or both 128.
+  for (auto mutate : {+[](cuda::AttentionShape& x) { x.cache = x.act = DType::kF32; },
+                      +[](cuda::AttentionShape& x) { x.eager = true; },
+                      +[](cuda::AttentionShape& x) { x.v_from_k = true; },
+                      +[](cuda::AttentionShape& x) { x.head_dim_v = 64; },
+                      +[](cuda::AttentionShape& x) { x.head_dim_k = x.head_dim_v = 96; },
+                      +[](cuda::AttentionShape& x) { x.head_dim_k = x.head_dim_v = 256; },
+                      +[](cuda::AttentionShape& x) { x.act = DType::kF32; },
+                      +[](cuda::AttentionShape& x) { x.aligned16 = false; }}) {
+    cuda::AttentionShape x = s;
+    mutate(x);
+    EXPECT_EQ(cuda::plan_attention(x).kernel, cuda::AttentionKernel::kSplitSimt);
+    EXPECT_THROW(cuda::check_attention_plan(cuda::AttentionPlan{cuda::AttentionKernel::kSplitVec, 4}, x), InvalidInput);
+  }
+  EXPECT_EQ(cuda::split_vec_queries(1), 1);
+  EXPECT_EQ(cuda::split_vec_queries(3), 4);
+  EXPECT_EQ(cuda::split_vec_queries(8), 8);
+  EXPECT_EQ(cuda::split_vec_queries(128), 8);
   EXPECT_EQ(cuda::plan_attention(s).splits, 64);  // 2 x 132 SMs / 4 blocks = 66, capped at 64
   s.capacity = 100000;
   EXPECT_EQ(cuda::plan_attention(s).splits, 64);
@@ -522,7 +546,7 @@ TEST(CudaAttentionPlan, Rules) {
   s.batch = 64;  // 256 blocks already fill the device
   EXPECT_EQ(cuda::plan_attention(s).splits, 2);
   s.tokens = 16;
-  EXPECT_EQ(cuda::plan_attention(s).kernel, cuda::AttentionKernel::kSplitSimt);
+  EXPECT_EQ(cuda::plan_attention(s).kernel, cuda::AttentionKernel::kSplitVec);
   s.tokens = 17;
   EXPECT_EQ(cuda::plan_attention(s).kernel, cuda::AttentionKernel::kFlashMma);
   EXPECT_EQ(cuda::plan_attention(s).flash_block, cuda::FlashBlock::k4x32n64);  // head dims 128
@@ -530,6 +554,7 @@ TEST(CudaAttentionPlan, Rules) {
   narrow.head_dim_k = narrow.head_dim_v = 64;
   EXPECT_EQ(cuda::plan_attention(narrow).flash_block, cuda::FlashBlock::k8x16n64);
   EXPECT_EQ((cuda::AttentionPlan{cuda::AttentionKernel::kSplitSimt, 8}.describe()), "split-KV SIMT, 8 splits");
+  EXPECT_EQ((cuda::AttentionPlan{cuda::AttentionKernel::kSplitVec, 1}.describe()), "split-KV vector, 1 split");
   EXPECT_EQ((cuda::AttentionPlan{cuda::AttentionKernel::kFlashMma, 1, cuda::FlashBlock::k4x32n64}.describe()),
             "flash mma.sync, 4 warps x 32 rows, 64-column tiles");
   // Blocks of 128 rows only where Q and two K / V stages fit: head dims up to 128.

@@ -52,10 +52,14 @@ void run_case(const char* name, int64_t B, int64_t past, int64_t T, int64_t head
   if (planned.kernel == ops::cuda::AttentionKernel::kFlashMma)
     for (ops::cuda::FlashBlock b : ops::cuda::kFlashBlocks)
       if (b != planned.flash_block && ops::cuda::flash_block_fits(b, d, d)) plans.push_back({planned.kernel, 1, b});
-  // Decode: the split kernel over other split counts (the plan sizes them from the capacity).
-  if (planned.kernel == ops::cuda::AttentionKernel::kSplitSimt && B == 1)
-    for (int splits : {1, 2, 4, 8, 16, 32})
-      if (splits != planned.splits && splits <= past + T) plans.push_back({planned.kernel, splits});
+  // Decode: both split kernels over other split counts (the plan sizes them from the capacity).
+  if (planned.kernel != ops::cuda::AttentionKernel::kFlashMma) {
+    const auto other = planned.kernel == ops::cuda::AttentionKernel::kSplitVec ? ops::cuda::AttentionKernel::kSplitSimt
+                                                                               : ops::cuda::AttentionKernel::kSplitVec;
+    plans.push_back({other, planned.splits});
+    for (int splits : {1, 2, 4, 8, 16, 32, 64})
+      if (splits != planned.splits && splits * 32 <= past + T) plans.push_back({planned.kernel, splits});
+  }
   for (const auto& plan : plans) {
     const double ms = time_cuda_ms(
         dev, [&] { (void)ops::cuda::attention_planned(q, kv, step, spec, DType::kBF16, plan); }, false, 3, 20);
@@ -84,7 +88,10 @@ int main() {
   run_case("qwen decode b32 4096", 32, 4096, 1, 16, 16, 128);
   run_case("mixtral prefill 4096", 1, 0, 4096, 32, 8, 128);
   run_case("mixtral decode b32 4096", 32, 4096, 1, 32, 8, 128);
+  run_case("mixtral decode b1 4096", 1, 4096, 1, 32, 8, 128);
   run_case("gpt-oss prefill 4096", 1, 0, 4096, 64, 8, 64);
+  run_case("gpt-oss decode b1 4096", 1, 4096, 1, 64, 8, 64);
+  run_case("gpt-oss decode b32 1024", 32, 1024, 1, 64, 8, 64);
   run_case("qwen prefill 8 x 512", 8, 0, 512, 16, 16, 128);
   run_case("128 heads prefill 4096", 1, 0, 4096, 128, 128, 128);
   return 0;

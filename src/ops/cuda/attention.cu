@@ -47,6 +47,7 @@ AttentionShape attention_shape_of(const Tensor& q, const LayerKV& kv, const Step
   s.head_dim_v = spec.head_dim_v;
   s.capacity = kv.capacity();
   s.eager = spec.eager_rounding;
+  s.v_from_k = spec.v_from_k;
   // q of another dtype is converted into a fresh (aligned) tensor first.
   s.aligned16 = kv.k.defined() && aligned16(kv.k) && (spec.v_from_k || aligned16(kv.v)) &&
                 (q.dtype() != s.cache || aligned16(q));
@@ -121,6 +122,7 @@ Tensor attention_planned(const Tensor& q, const LayerKV& kv, const Step& step, c
     launch_attention_flash_mma(a, out.raw(), stream);
     return out;
   }
+  a.split_vec = plan.kernel == AttentionKernel::kSplitVec;
   const int64_t rows_heads = rows * spec.heads;
   const int64_t bytes = SplitWorkspace::bytes(plan.splits, rows_heads, spec.head_dim_v);
   Tensor ws = Tensor::empty({(bytes + 3) / 4}, DType::kF32, dev);

@@ -5,6 +5,7 @@
 
 #include "cuda/runtime.hpp"
 #include "moex/error.hpp"
+#include "ops/cuda/attention_decode.cuh"
 #include "ops/cuda/attention_flash.cuh"
 #include "ops/cuda/attention_launchers.hpp"
 #include "ops/cuda/attention_split.cuh"
@@ -105,6 +106,34 @@ void launch_split_typed(const SplitParams& sp, bool eager, int batch, int kv_hea
   launch_split_pass<T, 3>(sp, batch, kv_heads, qblocks, stream);
 }
 
+template <class T, int kD, int kQ>
+void launch_vec_instance(const SplitParams& sp, int batch, int kv_heads, cudaStream_t stream) {
+  const int qblocks = (sp.tokens * sp.group + kQ - 1) / kQ;
+  if (int64_t(qblocks) * sp.splits > INT32_MAX) throw Unsupported("attention: too many query blocks x splits for one grid");
+  const dim3 grid(unsigned(qblocks * sp.splits), unsigned(kv_heads), unsigned(batch));
+  attention_decode_vec_kernel<T, kD, kQ><<<grid, kDecodeWarps * 32, 0, stream>>>(sp);
+  MOEX_CUDA_CHECK_LAUNCH(attention_decode_vec_kernel);
+}
+
+template <class T, int kD>
+void launch_vec_queries(const SplitParams& sp, int batch, int kv_heads, cudaStream_t stream) {
+  switch (split_vec_queries(int64_t(sp.tokens) * sp.group)) {
+    case 1: return launch_vec_instance<T, kD, 1>(sp, batch, kv_heads, stream);
+    case 2: return launch_vec_instance<T, kD, 2>(sp, batch, kv_heads, stream);
+    case 4: return launch_vec_instance<T, kD, 4>(sp, batch, kv_heads, stream);
+    default: return launch_vec_instance<T, kD, 8>(sp, batch, kv_heads, stream);
+  }
+}
+
+template <class T>
+void launch_vec_typed(const SplitParams& sp, int batch, int kv_heads, cudaStream_t stream) {
+  if (sp.dk != sp.dv || sp.v_in_k || (sp.dk != 64 && sp.dk != 128))
+    throw Unsupported("attention: the vector split kernel runs head dims 64 / 64 or 128 / 128 with separate values "
+                      "(got " + std::to_string(sp.dk) + " / " + std::to_string(sp.dv) + ")");
+  if (sp.dk == 64) return launch_vec_queries<T, 64>(sp, batch, kv_heads, stream);
+  launch_vec_queries<T, 128>(sp, batch, kv_heads, stream);
+}
+
 __global__ void convert_floats_kernel(const void* src, int src_code, void* dst, int dst_code, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     store_code(dst, dst_code, i, moex::cuda::load_float(src, src_code, i));
@@ -173,7 +202,13 @@ void launch_attention_split(const AttentionArgs& a, const SplitWorkspace& ws, vo
   const int qblocks = (a.tokens * sp.group + kSplitQueries - 1) / kSplitQueries;
   if (int64_t(qblocks) * ws.splits > INT32_MAX)
     throw Unsupported("attention: too many query blocks x splits for one grid");
-  if (a.elem == kAttnBF16) launch_split_typed<__nv_bfloat16>(sp, a.eager, a.batch, a.kv_heads, qblocks, stream);
+  if (a.split_vec) {
+    if (a.eager || a.act != a.elem || a.elem == kAttnF32 || !sp.vec_k || !sp.vec_v)
+      throw Unsupported("attention: the vector split kernel runs bf16 / f16 sdpa with act equal to the cache dtype "
+                        "and 16-byte aligned rows");
+    if (a.elem == kAttnBF16) launch_vec_typed<__nv_bfloat16>(sp, a.batch, a.kv_heads, stream);
+    else launch_vec_typed<__half>(sp, a.batch, a.kv_heads, stream);
+  } else if (a.elem == kAttnBF16) launch_split_typed<__nv_bfloat16>(sp, a.eager, a.batch, a.kv_heads, qblocks, stream);
   else if (a.elem == kAttnF16) launch_split_typed<__half>(sp, a.eager, a.batch, a.kv_heads, qblocks, stream);
   else launch_split_typed<float>(sp, a.eager, a.batch, a.kv_heads, qblocks, stream);
 

@@ -31,6 +31,7 @@ struct AttentionArgs {
   int window = 0;  // 0: none
   bool eager = false;
   bool v_from_k = false;
+  bool split_vec = false;  // the split pass on attention_decode.cuh's vector kernel
   // Flash kernel block shape: warps, m-tiles of 16 query rows per warp, K/V tile columns (the
   // combinations of attention_plan.hpp's FlashBlock).
   int flash_warps = 4, flash_warp_mtiles = 1, flash_columns = 64;
@@ -50,8 +51,8 @@ struct SplitWorkspace {
     return splits * rows_heads * (8 + 4 + 4 * dv);
   }
 };
-// The split kernel (one pass for sdpa, three for eager_rounding) and the combine kernel, which
-// writes out [rows, heads * dv] of dtype act.
+// The split kernel (one pass for sdpa, three for eager_rounding; the vector kernel with
+// split_vec) and the combine kernel, which writes out [rows, heads * dv] of dtype act.
 void launch_attention_split(const AttentionArgs& a, const SplitWorkspace& ws, void* out, cudaStream_t stream);
 
 // dst[i] = src[i] converted between float dtypes (codes above).

@@ -9,7 +9,12 @@
 namespace moex::ops::cuda {
 
 const char* attention_kernel_name(AttentionKernel k) {
-  return k == AttentionKernel::kFlashMma ? "flash mma.sync" : "split-KV SIMT";
+  switch (k) {
+    case AttentionKernel::kFlashMma: return "flash mma.sync";
+    case AttentionKernel::kSplitVec: return "split-KV vector";
+    case AttentionKernel::kSplitSimt: break;
+  }
+  return "split-KV SIMT";
 }
 
 const char* flash_block_name(FlashBlock b) {
@@ -42,6 +47,18 @@ bool flash_mma_applies(const AttentionShape& s) {
   return half && s.act == s.cache && !s.eager && s.aligned16 && dim_ok(s.head_dim_k) && dim_ok(s.head_dim_v);
 }
 
+bool split_vec_applies(const AttentionShape& s) {
+  const bool half = s.cache == DType::kBF16 || s.cache == DType::kF16;
+  return half && s.act == s.cache && !s.eager && !s.v_from_k && s.aligned16 && s.head_dim_k == s.head_dim_v &&
+         (s.head_dim_k == 64 || s.head_dim_k == 128);
+}
+
+int split_vec_queries(int64_t tokens_x_group) {
+  int q = 1;
+  while (q < 8 && q < tokens_x_group) q *= 2;
+  return q;
+}
+
 AttentionPlan plan_attention(const AttentionShape& s) {
   AttentionPlan p;
   if (s.tokens > kAttentionDecodeTokens && flash_mma_applies(s)) {
@@ -53,9 +70,11 @@ AttentionPlan plan_attention(const AttentionShape& s) {
     p.flash_block = d <= 64 ? FlashBlock::k8x16n64 : d <= 128 ? FlashBlock::k4x32n64 : FlashBlock::k4x16n64;
     return p;
   }
-  p.kernel = AttentionKernel::kSplitSimt;
+  const bool vec = split_vec_applies(s);
+  p.kernel = vec ? AttentionKernel::kSplitVec : AttentionKernel::kSplitSimt;
   const int64_t group = std::max<int64_t>(1, s.heads / std::max<int64_t>(1, s.kv_heads));
-  const int64_t qblocks = (s.tokens * group + kSplitQueries - 1) / kSplitQueries;
+  const int64_t per_block = vec ? split_vec_queries(s.tokens * group) : kSplitQueries;
+  const int64_t qblocks = (s.tokens * group + per_block - 1) / per_block;
   const int64_t blocks = std::max<int64_t>(1, s.batch * s.kv_heads * qblocks);
   const int64_t want = (2 * int64_t(std::max(1, s.sm_count)) + blocks - 1) / blocks;
   const int64_t by_capacity = std::max<int64_t>(1, (s.capacity + kSplitMinColumns - 1) / kSplitMinColumns);
@@ -78,7 +97,12 @@ void check_attention_plan(const AttentionPlan& p, const AttentionShape& s) {
                          "' needs head dims up to 128 (got " + std::to_string(s.head_dim_k) + " / " +
                          std::to_string(s.head_dim_v) + ")");
   }
-  if (p.kernel == AttentionKernel::kSplitSimt && (p.splits < 1 || p.splits > 65535))
+  if (p.kernel == AttentionKernel::kSplitVec && !split_vec_applies(s))
+    throw InvalidInput("attention plan: the vector split kernel needs bf16 / f16 with act equal to the cache "
+                       "dtype, sdpa semantics, separate keys and values, 16-byte aligned tensors and head dims "
+                       "both 64 or both 128 (got " + std::string(dtype_name(s.cache)) + " k " +
+                       std::to_string(s.head_dim_k) + " v " + std::to_string(s.head_dim_v) + ")");
+  if (p.kernel != AttentionKernel::kFlashMma && (p.splits < 1 || p.splits > 65535))
     throw InvalidInput("attention plan: splits " + std::to_string(p.splits) + " outside [1, 65535]");
 }
 

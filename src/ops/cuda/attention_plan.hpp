@@ -23,6 +23,10 @@ enum class AttentionKernel : unsigned char {
   // staged with cp.async, mma.sync m16n8k16 with float32 accumulation, online softmax. bf16 / f16
   // with act == the cache dtype, head dims multiples of 16 up to 256, sdpa semantics.
   kFlashMma,
+  // Split-KV decode with 16-byte lanes (attention_decode.cuh): the cache streams into registers,
+  // dot products finish by shuffles; partial states as kSplitSimt's, same combine. bf16 / f16 with
+  // act == the cache dtype, sdpa semantics, separate K and V, head dims both 64 or both 128.
+  kSplitVec,
 };
 const char* attention_kernel_name(AttentionKernel k);
 
@@ -47,13 +51,14 @@ struct AttentionShape {
   int64_t head_dim_k = 0, head_dim_v = 0;
   int64_t capacity = 0;     // cache columns per sequence (not the length)
   bool eager = false;       // AttentionSpec::eager_rounding
+  bool v_from_k = false;    // AttentionSpec::v_from_k
   bool aligned16 = true;    // q, k, v start on 16-byte boundaries
   int sm_count = 132;       // multiprocessors of the device (H200: 132)
 };
 
 struct AttentionPlan {
   AttentionKernel kernel = AttentionKernel::kSplitSimt;
-  int splits = 1;  // kSplitSimt: cache splits (each ceil(capacity / splits) columns)
+  int splits = 1;  // kSplitSimt / kSplitVec: cache splits (each ceil(capacity / splits) columns)
   FlashBlock flash_block = FlashBlock::k4x16n64;  // kFlashMma: the block shape
   bool operator==(const AttentionPlan&) const = default;
   std::string describe() const;  // "split-KV SIMT, 8 splits" / "flash mma.sync"
@@ -70,11 +75,16 @@ inline constexpr int64_t kSplitMinColumns = 32;
 inline constexpr int kSplitMaxSplits = 64;
 
 bool flash_mma_applies(const AttentionShape& s);
+bool split_vec_applies(const AttentionShape& s);
+// Queries (tokens x heads of one GQA group) per block of the vector split kernel: the power of
+// two covering a sequence's queries, at most 8 (its accumulators live in registers).
+int split_vec_queries(int64_t tokens_x_group);
 // Rules: the flash mma kernel for prefill (tokens > kAttentionDecodeTokens) where it applies,
 // with blocks of 4 warps x 32 rows for head dims up to 128, 8 x 16 up to 64, 4 x 16 above
 // (measured, docs/gpu_model.md);
-// otherwise the split kernel, with enough splits that the grid gives every SM two blocks, at most
-// one split per kSplitMinColumns of capacity and at most kSplitMaxSplits.
+// otherwise the vector split kernel where it applies, else the SIMT one, with enough splits that
+// the grid gives every SM two blocks, at most one split per kSplitMinColumns of capacity and at
+// most kSplitMaxSplits.
 AttentionPlan plan_attention(const AttentionShape& s);
 // Throws InvalidInput naming the field when `p` cannot run shape `s`.
 void check_attention_plan(const AttentionPlan& p, const AttentionShape& s);
