@@ -4,6 +4,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/launchers.hpp"
+#include "cuda/pdl.cuh"
 
 namespace moex::cuda {
 
@@ -16,6 +17,7 @@ __global__ void combine_kernel(const float* __restrict__ y, const int* __restric
                                const Index* __restrict__ idx, const void* __restrict__ weights,
                                int weights_code, bool per_expert, int top_k, int experts,
                                int hidden, T* __restrict__ out) {
+  pdl_enter();
   // Tokens on grid x (up to 2^31 - 1), column blocks on grid y (at most 65535).
   const int64_t t = blockIdx.x;
   const int col = (blockIdx.y * blockDim.x + threadIdx.x) * V;

@@ -5,6 +5,7 @@
 #include "cuda/elementwise.cuh"
 #include "cuda/grouped_gemm_simt.cuh"
 #include "cuda/launchers.hpp"
+#include "cuda/pdl.cuh"
 #include "cuda/routing.cuh"
 #include "cuda/runtime.hpp"
 
@@ -35,14 +36,14 @@ void launch_route_by_expert(const void* idx, bool index_i64, int64_t pairs, int 
     auto k = route_by_expert_kernel<int64_t>;
     if (smem > 48 * 1024)
       MOEX_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    k<<<1, kRouteThreads, smem, stream>>>(static_cast<const int64_t*>(idx), pairs, experts,
+    launch_pdl_here(k, dim3(1), dim3(kRouteThreads), smem, stream, static_cast<const int64_t*>(idx), pairs, experts,
                                           tile_rows, raster_tiles, offsets, sorted_pair,
                                           pos_of_pair, tiles, max_tiles, num_tiles);
   } else {
     auto k = route_by_expert_kernel<int32_t>;
     if (smem > 48 * 1024)
       MOEX_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    k<<<1, kRouteThreads, smem, stream>>>(static_cast<const int32_t*>(idx), pairs, experts,
+    launch_pdl_here(k, dim3(1), dim3(kRouteThreads), smem, stream, static_cast<const int32_t*>(idx), pairs, experts,
                                           tile_rows, raster_tiles, offsets, sorted_pair,
                                           pos_of_pair, tiles, max_tiles, num_tiles);
   }
@@ -54,10 +55,10 @@ void launch_route_per_pair(const void* idx, bool index_i64, int64_t pairs, int e
                            cudaStream_t stream) {
   unsigned blocks = unsigned(std::max<int64_t>(1, (pairs + 255) / 256));
   if (index_i64)
-    route_per_pair_kernel<int64_t><<<blocks, 256, 0, stream>>>(
+    launch_pdl_here(route_per_pair_kernel<int64_t>, dim3(blocks), dim3(256), 0, stream,
         static_cast<const int64_t*>(idx), pairs, experts, sorted_pair, pos_of_pair, tiles, num_tiles);
   else
-    route_per_pair_kernel<int32_t><<<blocks, 256, 0, stream>>>(
+    launch_pdl_here(route_per_pair_kernel<int32_t>, dim3(blocks), dim3(256), 0, stream,
         static_cast<const int32_t*>(idx), pairs, experts, sorted_pair, pos_of_pair, tiles, num_tiles);
   MOEX_CUDA_CHECK_LAUNCH(route_per_pair_kernel);
 }
@@ -110,7 +111,7 @@ void launch_combine(const float* y, const int* pos_of_pair, const void* idx, boo
     using T = decltype(t);
     auto go = [&](auto kernel, auto index) {
       using I = decltype(index);
-      kernel<<<grid, 256, 0, stream>>>(y, pos_of_pair, static_cast<const I*>(idx), weights,
+      launch_pdl_here(kernel, grid, dim3(256), 0, stream, y, pos_of_pair, static_cast<const I*>(idx), weights,
                                        int(weights_elem), per_expert, top_k, experts, hidden,
                                        static_cast<T*>(out));
     };

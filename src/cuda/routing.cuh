@@ -31,6 +31,7 @@ __global__ void __launch_bounds__(kRouteThreads)
                            int tile_rows, int raster_tiles, int* __restrict__ offsets,
                            int* __restrict__ sorted_pair, int* __restrict__ pos_of_pair,
                            Tile* __restrict__ tiles, int max_tiles, int* __restrict__ num_tiles) {
+  pdl_enter();
   extern __shared__ int smem[];
   int* cursor = smem;             // [E]: counts, then running write positions
   int* tile_first = smem + experts;  // [E]: first tile of each expert
@@ -115,7 +116,7 @@ __global__ void route_per_pair_kernel(const Index* __restrict__ idx, int64_t pai
                                       int* __restrict__ sorted_pair,
                                       int* __restrict__ pos_of_pair, Tile* __restrict__ tiles,
                                       int* __restrict__ num_tiles) {
-  pdl_trigger();  // the experts' GEMV launch may overlap this one (it waits for the tiles)
+  pdl_enter();
   int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (p == 0) *num_tiles = int(pairs);
   if (p >= pairs) return;

@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "cuda/common.cuh"
+#include "cuda/pdl.cuh"
 #include "ops/cuda/attention_split.cuh"
 
 namespace moex::ops::cuda {
@@ -43,6 +44,7 @@ __device__ __forceinline__ float lane_elem(const uint4& raw, int i) {
 // (64 or 128); kQ: queries (tokens x heads of one GQA group) per block.
 template <class T, int kD, int kQ>
 __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_vec_kernel(SplitParams p) {
+  moex::cuda::pdl_enter();
   static_assert(kD == 64 || kD == 128, "lanes per row must divide a warp");
   constexpr int kLanes = kD / 8;           // lanes per cache row
   constexpr int kRows = 32 / kLanes;       // rows per warp-wide load

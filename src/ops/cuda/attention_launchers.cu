@@ -94,7 +94,7 @@ void launch_split_pass(const SplitParams& sp, int batch, int kv_heads, int qbloc
   static std::atomic<uint64_t> opted{0};
   opt_in_smem(kernel, smem, opted);
   const dim3 grid(unsigned(qblocks * sp.splits), unsigned(kv_heads), unsigned(batch));
-  kernel<<<grid, kSplitThreads, size_t(smem), stream>>>(sp);
+  moex::cuda::launch_pdl_here(kernel, grid, dim3(kSplitThreads), size_t(smem), stream, sp);
   MOEX_CUDA_CHECK_LAUNCH(attention_split_kernel);
 }
 
@@ -111,7 +111,7 @@ void launch_vec_instance(const SplitParams& sp, int batch, int kv_heads, cudaStr
   const int qblocks = (sp.tokens * sp.group + kQ - 1) / kQ;
   if (int64_t(qblocks) * sp.splits > INT32_MAX) throw Unsupported("attention: too many query blocks x splits for one grid");
   const dim3 grid(unsigned(qblocks * sp.splits), unsigned(kv_heads), unsigned(batch));
-  attention_decode_vec_kernel<T, kD, kQ><<<grid, kDecodeWarps * 32, 0, stream>>>(sp);
+  moex::cuda::launch_pdl_here(attention_decode_vec_kernel<T, kD, kQ>, grid, dim3(kDecodeWarps * 32), 0, stream, sp);
   MOEX_CUDA_CHECK_LAUNCH(attention_decode_vec_kernel);
 }
 
@@ -228,7 +228,7 @@ void launch_attention_split(const AttentionArgs& a, const SplitWorkspace& ws, vo
   constexpr int kPerBlock = kCombineThreads / 32;
   const int64_t blocks = (sp.rows_heads + kPerBlock - 1) / kPerBlock;
   if (blocks > INT32_MAX) throw Unsupported("attention: too many (row, head) pairs for one grid");
-  attention_combine_kernel<<<unsigned(blocks), kCombineThreads, 0, stream>>>(cp);
+  moex::cuda::launch_pdl_here(attention_combine_kernel, dim3(unsigned(blocks)), dim3(kCombineThreads), 0, stream, cp);
   MOEX_CUDA_CHECK_LAUNCH(attention_combine_kernel);
 }
 

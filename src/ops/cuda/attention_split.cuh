@@ -127,6 +127,7 @@ inline int64_t split_smem_bytes(int dk, int dv, bool v_in_k) {
 // grid (query blocks x splits, kv heads, batch), kSplitThreads threads.
 template <class T, int kMode>
 __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(SplitParams p) {
+  moex::cuda::pdl_enter();
   constexpr int kQ = kSplitQueries, kC = kSplitColumns;
   constexpr bool kUsesV = kMode == 0 || kMode == 3;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -301,7 +302,7 @@ inline constexpr int kCombineThreads = 128;
 // round(sum_s acc_s exp(m_s - M) / (sum_s l_s exp(m_s - M) + exp(sink - M))). eager: the splits
 // already hold normalised, rounded products: round(sum_s acc_s).
 __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(CombineParams p) {
-  moex::cuda::pdl_trigger();  // the output projection's GEMV may start streaming its weights
+  moex::cuda::pdl_enter();
   const int64_t gq = int64_t(blockIdx.x) * (kCombineThreads / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (gq >= p.rows_heads) return;

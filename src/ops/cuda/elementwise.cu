@@ -15,9 +15,9 @@
 #include <cmath>
 #include <string>
 
+#include "cuda/pdl.cuh"
 #include "moex/experts.hpp"
 #include "ops/cuda/cuda_ops.hpp"
-#include "cuda/pdl.cuh"
 #include "ops/cuda/small_ops.cuh"
 
 namespace moex::ops::cuda {
@@ -64,6 +64,7 @@ __global__ void round_kernel(T* __restrict__ x, int64_t n, int act) {
 
 template <class T>
 __global__ void add_kernel(T* __restrict__ a, const void* __restrict__ b, int b_code, int64_t n, int act) {
+  moex::cuda::pdl_enter();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     a[i] = from_float<T>(round_to(__fadd_rn(to_float(a[i]), load_float(b, b_code, i)), act));
 }
@@ -80,7 +81,7 @@ __global__ void clamp_kernel(T* __restrict__ x, int64_t n, float limit) {
 template <class T>
 __global__ void gated_activation_kernel(T* __restrict__ gate, const void* __restrict__ up, int up_code,
                                         int64_t n, int fn, int act) {
-  moex::cuda::pdl_trigger();  // the down projection's GEMV may start streaming its weights
+  moex::cuda::pdl_enter();
   const bool fast_exp = act != kCodeF32;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float a = round_to(activation(fn, to_float(gate[i]), fast_exp), act);
@@ -93,6 +94,7 @@ template <class T>
 __global__ void add_gated_kernel(T* __restrict__ y, const void* __restrict__ shared, int shared_code,
                                  const void* __restrict__ gate_logit, int gate_code, int64_t n,
                                  int64_t h, int act, T* __restrict__ residual) {
+  moex::cuda::pdl_enter();
   // The gate is rounded to a 16-bit act (float expf then suffices, as for silu above).
   const bool fast_exp = act != kCodeF32;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -109,7 +111,7 @@ __global__ void add_gated_kernel(T* __restrict__ y, const void* __restrict__ sha
 template <class T>
 __global__ void gated_activation_vec_kernel(T* __restrict__ gate, const T* __restrict__ up, int64_t n8, int fn,
                                             int act) {
-  moex::cuda::pdl_trigger();
+  moex::cuda::pdl_enter();
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < n8; c += int64_t(gridDim.x) * blockDim.x) {
     float g[8], u[8];
     moex::cuda::widen8<T>(reinterpret_cast<const uint4*>(gate)[c], g);
@@ -127,6 +129,7 @@ template <class T>
 __global__ void add_gated_vec_kernel(T* __restrict__ y, const T* __restrict__ shared,
                                      const void* __restrict__ gate_logit, int gate_code, int64_t n8, int64_t h8,
                                      int act, T* __restrict__ residual) {
+  moex::cuda::pdl_enter();
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < n8; c += int64_t(gridDim.x) * blockDim.x) {
     const float z = load_float(gate_logit, gate_code, c / h8);
     const float g = round_to(__fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-z))), act);
@@ -150,6 +153,7 @@ template <class T>
 __global__ void embedding_kernel(const void* __restrict__ table, int table_code,
                                  const int32_t* __restrict__ ids, int64_t n, int64_t h, int act,
                                  T* __restrict__ out) {
+  moex::cuda::pdl_enter();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / h, c = i - r * h;
     out[i] = from_float<T>(round_to(load_float(table, table_code, int64_t(ids[r]) * h + c), act));
@@ -229,7 +233,7 @@ void add_(Tensor& a, const Tensor& b, DType act) {
   moex::cuda::DeviceGuard g(a.device().index);
   with_float_type(a.dtype(), "add", [&](auto t) {
     using T = decltype(t);
-    add_kernel<T><<<grid_for(n), kThreads, 0, stream()>>>(a.data<T>(), b.raw(), b_code, n, act_code);
+    moex::cuda::launch_pdl_here(add_kernel<T>, grid_for(n), dim3(kThreads), 0, stream(), a.data<T>(), b.raw(), b_code, n, act_code);
   });
   MOEX_CUDA_CHECK_LAUNCH(add_kernel);
 }
@@ -264,12 +268,12 @@ void gated_activation_(Tensor& gate, const Tensor& up, Activation act_fn, DType 
     using T = decltype(t);
     if constexpr (sizeof(T) == 2) {
       if (vec) {
-        gated_activation_vec_kernel<T><<<grid_for(n / 8), kThreads, 0, stream()>>>(
+        moex::cuda::launch_pdl_here(gated_activation_vec_kernel<T>, grid_for(n / 8), dim3(kThreads), 0, stream(),
             gate.data<T>(), static_cast<const T*>(up.raw()), n / 8, fn, act_code);
         return;
       }
     }
-    gated_activation_kernel<T><<<grid_for(n), kThreads, 0, stream()>>>(gate.data<T>(), up.raw(), up_code,
+    moex::cuda::launch_pdl_here(gated_activation_kernel<T>, grid_for(n), dim3(kThreads), 0, stream(), gate.data<T>(), up.raw(), up_code,
                                                                        n, fn, act_code);
   });
   MOEX_CUDA_CHECK_LAUNCH(gated_activation_kernel);
@@ -288,13 +292,13 @@ void launch_add_gated(Tensor& y, const Tensor& shared, const Tensor& gate_logit,
     using T = decltype(t);
     if constexpr (sizeof(T) == 2) {
       if (vec) {
-        add_gated_vec_kernel<T><<<grid_for(n / 8), kThreads, 0, stream()>>>(
+        moex::cuda::launch_pdl_here(add_gated_vec_kernel<T>, grid_for(n / 8), dim3(kThreads), 0, stream(),
             y.data<T>(), static_cast<const T*>(shared.raw()), gate_logit.raw(), g_code, n / 8, h / 8, act_code,
             residual ? residual->data<T>() : nullptr);
         return;
       }
     }
-    add_gated_kernel<T><<<grid_for(n), kThreads, 0, stream()>>>(y.data<T>(), shared.raw(), s_code,
+    moex::cuda::launch_pdl_here(add_gated_kernel<T>, grid_for(n), dim3(kThreads), 0, stream(), y.data<T>(), shared.raw(), s_code,
                                                                 gate_logit.raw(), g_code, n, h, act_code,
                                                                 residual ? residual->data<T>() : nullptr);
   });
@@ -325,7 +329,7 @@ Tensor embedding(const Tensor& table, const Step& step, DType act) {
   const int32_t* ids = device_step_data(step, dev, "embedding") + device_step_id_offset(step);
   with_float_type(act, "embedding", [&](auto t) {
     using T = decltype(t);
-    embedding_kernel<T><<<grid_for(n), kThreads, 0, stream()>>>(table.raw(), t_code, ids, n, h, act_code,
+    moex::cuda::launch_pdl_here(embedding_kernel<T>, grid_for(n), dim3(kThreads), 0, stream(), table.raw(), t_code, ids, n, h, act_code,
                                                                 out.data<T>());
   });
   MOEX_CUDA_CHECK_LAUNCH(embedding_kernel);

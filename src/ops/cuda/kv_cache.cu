@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cuda/common.cuh"
+#include "cuda/pdl.cuh"
 #include "cuda/runtime.hpp"
 #include "moex/error.hpp"
 #include "ops/cuda/cuda_ops.hpp"
@@ -35,6 +36,7 @@ struct CopyJob {
 
 __global__ void kv_copy_rows_kernel(const CopyJob j0, const CopyJob j1, const int32_t* step, int64_t rows,
                                     int tokens, int64_t capacity, int elem_bytes) {
+  moex::cuda::pdl_enter();
   const CopyJob& j = blockIdx.y == 0 ? j0 : j1;
   const int64_t past = step[0], dim = j.dim;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -95,7 +97,7 @@ void copy_rows(Tensor& cache, const Tensor& x, Tensor* cache2, const Tensor* x2,
   if (std::max(j0.dim, j1.dim) == 0) return;
   const int64_t blocks = std::min<int64_t>(rows, 65535);  // a block per row (strided beyond)
   const dim3 grid(unsigned(blocks), cache2 ? 2u : 1u);
-  kv_copy_rows_kernel<<<grid, 256, 0, stream>>>(j0, j1, step.device.data<int32_t>(), rows, int(step.tokens),
+  moex::cuda::launch_pdl_here(kv_copy_rows_kernel, grid, dim3(256), 0, stream, j0, j1, step.device.data<int32_t>(), rows, int(step.tokens),
                                                 cache.size(1), elem_bytes);
   MOEX_CUDA_CHECK_LAUNCH(kv_copy_rows_kernel);
 }

@@ -51,8 +51,8 @@ __global__ void __launch_bounds__(kTeam == 32 ? kThreads : kTeam)
     rms_norm_kernel(const void* x, int x_code, const void* __restrict__ w, int w_code, int64_t groups,
                     int64_t group, float eps, int act, int inner, TO* out, const void* __restrict__ delta,
                     int delta_code) {
+  moex::cuda::pdl_enter();
   __shared__ double partial[kTeam == 32 ? 1 : kTeam / 32];
-  moex::cuda::pdl_trigger();  // the projections after a norm may start streaming their weights
   const int lane = threadIdx.x % kTeam;
   const int64_t g = kTeam == 32 ? blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32 : int64_t(blockIdx.x);
   // A warp team past the last group still takes part in nothing block-wide: it may leave.
@@ -96,7 +96,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_vec_kernel(T* x, const void* __restrict__ w, int w_code, int64_t groups, int64_t group, float eps,
                         int act, int inner, T* out, const T* __restrict__ delta) {
-  moex::cuda::pdl_trigger();
+  moex::cuda::pdl_enter();
   const int lane = threadIdx.x % 32;
   const int64_t g = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
   if (g >= groups) return;
@@ -146,7 +146,7 @@ void launch_rms_norm(const void* x_raw, int x_code, const Tensor& weight, int64_
         aligned16(out) && (!delta || aligned16(delta))) {
       const int64_t blocks = (groups + kWarpsPerBlock - 1) / kWarpsPerBlock;
       if (blocks > 0x7fffffff) throw Unsupported("rms_norm: " + std::to_string(groups) + " groups");
-      rms_norm_vec_kernel<TO><<<unsigned(blocks), kThreads, 0, s>>>(
+      moex::cuda::launch_pdl_here(rms_norm_vec_kernel<TO>, dim3(unsigned(blocks)), dim3(kThreads), 0, s,
           static_cast<TO*>(const_cast<void*>(x_raw)), weight.raw(), w_code, groups, group, eps, act_code, inner,
           out, static_cast<const TO*>(delta));
       MOEX_CUDA_CHECK_LAUNCH(rms_norm_vec_kernel);
@@ -156,11 +156,11 @@ void launch_rms_norm(const void* x_raw, int x_code, const Tensor& weight, int64_
   if (group <= kWarpGroupMax) {
     const int64_t blocks = (groups + kWarpsPerBlock - 1) / kWarpsPerBlock;
     if (blocks > 0x7fffffff) throw Unsupported("rms_norm: " + std::to_string(groups) + " groups");
-    rms_norm_kernel<TO, 32><<<unsigned(blocks), kThreads, 0, s>>>(x_raw, x_code, weight.raw(), w_code, groups,
+    moex::cuda::launch_pdl_here(rms_norm_kernel<TO, 32>, dim3(unsigned(blocks)), dim3(kThreads), 0, s, x_raw, x_code, weight.raw(), w_code, groups,
                                                                   group, eps, act_code, inner, out, delta, delta_code);
   } else {
     if (groups > 0x7fffffff) throw Unsupported("rms_norm: " + std::to_string(groups) + " groups");
-    rms_norm_kernel<TO, kBlockTeam><<<unsigned(groups), kBlockTeam, 0, s>>>(
+    moex::cuda::launch_pdl_here(rms_norm_kernel<TO, kBlockTeam>, dim3(unsigned(groups)), dim3(kBlockTeam), 0, s,
         x_raw, x_code, weight.raw(), w_code, groups, group, eps, act_code, inner, out, delta, delta_code);
   }
   MOEX_CUDA_CHECK_LAUNCH(rms_norm_kernel);

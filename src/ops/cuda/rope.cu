@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <string>
 
+#include "cuda/pdl.cuh"
 #include "ops/cuda/cuda_ops.hpp"
 #include "ops/cuda/small_ops.cuh"
 
@@ -49,6 +50,7 @@ struct RopeParams {
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p) {
+  moex::cuda::pdl_enter();
   const int64_t row = blockIdx.x;
   T* x = static_cast<T*>(p.target[blockIdx.y].x);
   const int64_t width = p.target[blockIdx.y].width;
@@ -120,8 +122,7 @@ void launch_rope(Tensor& a, int64_t heads_a, Tensor* b, int64_t heads_b, int64_t
   moex::cuda::DeviceGuard g(dev.index);
   with_float_type(a.dtype(), "rope", [&](auto t) {
     using T = decltype(t);
-    rope_kernel<T><<<dim3(unsigned(rows), b ? 2u : 1u), dim3(unsigned(tx), unsigned(ty)), 0,
-                     moex::cuda::current_stream()>>>(p);
+    moex::cuda::launch_pdl_here(rope_kernel<T>, dim3(unsigned(rows), b ? 2u : 1u), dim3(unsigned(tx), unsigned(ty)), 0, moex::cuda::current_stream(), p);
   });
   MOEX_CUDA_CHECK_LAUNCH(rope_kernel);
 }

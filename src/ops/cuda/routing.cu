@@ -14,6 +14,7 @@
 #include <cmath>
 #include <string>
 
+#include "cuda/pdl.cuh"
 #include "ops/cuda/cuda_ops.hpp"
 #include "ops/cuda/small_ops.cuh"
 #include "ops/cuda/torch_topk.cuh"
@@ -102,6 +103,7 @@ __device__ float warp_max_element(const Elem* a, int E, int lane) {
 __global__ void softmax_topk_kernel(const void* __restrict__ logits, int code, int64_t rows, int E, int k,
                                     bool normalize, int w_code, int64_t* __restrict__ idx_out,
                                     float* __restrict__ w_out) {
+  moex::cuda::pdl_enter();
   const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;  // the whole warp
   const int lane = threadIdx.x % 32;
@@ -134,6 +136,7 @@ __global__ void softmax_topk_kernel(const void* __restrict__ logits, int code, i
 
 __global__ void topk_softmax_kernel(const void* __restrict__ logits, int code, int64_t rows, int E, int k,
                                     int act, int64_t* __restrict__ idx_out, float* __restrict__ w_out) {
+  moex::cuda::pdl_enter();
   const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
@@ -167,6 +170,7 @@ __global__ void sigmoid_group_topk_kernel(const void* __restrict__ logits, int c
                                           const void* __restrict__ correction, int c_code, int64_t rows,
                                           GroupParams p, int64_t* __restrict__ idx_out,
                                           float* __restrict__ w_out) {
+  moex::cuda::pdl_enter();
   const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32, E = p.E, G = p.G, per_group = E / G;
@@ -274,7 +278,7 @@ Routing softmax_topk(const Tensor& logits, int64_t k, bool normalize, DType weig
   Routing r = make_routing(rows, k, dev);
   if (rows == 0) return r;
   const RowLaunch l = plan_rows(softmax_topk_kernel, rows, E + kStack, dev.index, "softmax_topk");
-  softmax_topk_kernel<<<l.blocks, l.threads, l.smem, moex::cuda::current_stream()>>>(
+  moex::cuda::launch_pdl_here(softmax_topk_kernel, dim3(l.blocks), dim3(l.threads), l.smem, moex::cuda::current_stream(),
       logits.raw(), code, rows, int(E), int(k), normalize, w_code, r.top_k_index.data<int64_t>(),
       r.top_k_weights.data<float>());
   MOEX_CUDA_CHECK_LAUNCH(softmax_topk_kernel);
@@ -290,7 +294,7 @@ Routing topk_softmax(const Tensor& logits, int64_t k, DType act) {
   Routing r = make_routing(rows, k, dev);
   if (rows == 0) return r;
   const RowLaunch l = plan_rows(topk_softmax_kernel, rows, E + kStack, dev.index, "topk_softmax");
-  topk_softmax_kernel<<<l.blocks, l.threads, l.smem, moex::cuda::current_stream()>>>(
+  moex::cuda::launch_pdl_here(topk_softmax_kernel, dim3(l.blocks), dim3(l.threads), l.smem, moex::cuda::current_stream(),
       logits.raw(), code, rows, int(E), int(k), act_code, r.top_k_index.data<int64_t>(),
       r.top_k_weights.data<float>());
   MOEX_CUDA_CHECK_LAUNCH(topk_softmax_kernel);
@@ -311,7 +315,7 @@ Routing sigmoid_group_topk(const Tensor& logits, const Tensor& correction, const
   if (rows == 0) return r;
   GroupParams p{int(E), int(k), int(G), int(spec.topk_group), spec.norm_topk_prob, spec.routed_scaling_factor};
   const RowLaunch l = plan_rows(sigmoid_group_topk_kernel, rows, E + G + kStack, dev.index, "sigmoid_group_topk");
-  sigmoid_group_topk_kernel<<<l.blocks, l.threads, l.smem, moex::cuda::current_stream()>>>(
+  moex::cuda::launch_pdl_here(sigmoid_group_topk_kernel, dim3(l.blocks), dim3(l.threads), l.smem, moex::cuda::current_stream(),
       logits.raw(), code, correction.raw(), c_code, rows, p, r.top_k_index.data<int64_t>(),
       r.top_k_weights.data<float>());
   MOEX_CUDA_CHECK_LAUNCH(sigmoid_group_topk_kernel);

@@ -33,6 +33,7 @@
 #include <limits>
 #include <string>
 
+#include "cuda/pdl.cuh"
 #include "ops/cuda/cuda_ops.hpp"
 #include "ops/cuda/small_ops.cuh"
 
@@ -198,6 +199,7 @@ __device__ bool radix_search(int64_t V, int top_shift, Include include, Weight w
 }
 
 __global__ void __launch_bounds__(kBlock) choose_tokens_kernel(const ChooseParams p) {
+  moex::cuda::pdl_enter();
   __shared__ Shared sh;
   const int64_t row = blockIdx.x, V = p.V;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -408,7 +410,7 @@ std::vector<int64_t> choose_tokens(const Tensor& logits, const SamplingSpec* sam
   p.out = out.data<int64_t>();
   p.nonfinite = nonfinite ? p.out + B : nullptr;
   cudaStream_t s = moex::cuda::current_stream();
-  choose_tokens_kernel<<<unsigned(B), kBlock, 0, s>>>(p);
+  moex::cuda::launch_pdl_here(choose_tokens_kernel, dim3(unsigned(B)), dim3(kBlock), 0, s, p);
   MOEX_CUDA_CHECK_LAUNCH(choose_tokens_kernel);
   // The step's one download.
   std::vector<int64_t> all(size_t(nonfinite ? 2 * B : B));
