@@ -208,7 +208,7 @@ MOEX_REGISTER_EXPERTS_BACKEND("grouped_mm_plan_cluster_pairs_everywhere",
                               PlannedGroupedMm<cluster_pairs_everywhere>);
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaConsistency,
-                         ::testing::Values("eager", "batched_mm", "grouped_mm",
+                         ::testing::Values("eager", "batched_mm", "grouped_mm", "auto",
                                            "grouped_mm_plan_mma_only",
                                            "grouped_mm_plan_wgmma_64_rows",
                                            "grouped_mm_plan_pingpong_both",

@@ -100,7 +100,7 @@ TEST_P(Consistency, HarnessDetectsAPerturbedWeightAt16Bits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, Consistency,
-                         ::testing::Values("eager", "batched_mm", "grouped_mm"),
+                         ::testing::Values("eager", "batched_mm", "grouped_mm", "auto"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

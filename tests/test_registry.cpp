@@ -139,7 +139,7 @@ TEST(Registry, PluginBackendRunsThroughTheCliBench) {
   // Without the plugin the name is unknown, and the error lists what is registered.
   out = run(std::string(MOEX_CLI_PATH) + " bench experts --backends reference --tokens 1", &st);
   EXPECT_NE(st, 0);
-  EXPECT_NE(out.find("unknown experts backend 'reference'; registered: batched_mm, eager, grouped_mm"),
+  EXPECT_NE(out.find("unknown experts backend 'reference'; registered: auto, batched_mm, eager, grouped_mm"),
             std::string::npos) << out;
 }
 

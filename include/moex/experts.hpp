@@ -207,7 +207,7 @@ void register_experts_backend(const std::string& name, std::shared_ptr<const Exp
 // The per-device implementations registered under `name` (for `moex backends`); {} when unknown.
 std::vector<std::shared_ptr<const ExpertsBackend>> experts_backend_implementations(
     std::string_view name);
-// Throws UnknownName: "unknown experts backend 'x'; registered: batched_mm, eager, grouped_mm".
+// Throws UnknownName: "unknown experts backend 'x'; registered: auto, batched_mm, eager, grouped_mm".
 std::shared_ptr<const ExpertsBackend> get_experts_backend(std::string_view name);
 bool has_experts_backend(std::string_view name);
 std::vector<std::string> experts_backend_names();  // sorted

@@ -191,6 +191,10 @@ class CausalLM {
   void set_experts_implementation(const std::string& backend);
   void set_experts_implementation(const ExpertsImplementation& map);
   ExpertsImplementation get_experts_implementation() const { return impl_; }
+  // Prepares every experts module for the current map (what generate() does before its clock
+  // starts): weight packing, workspaces, and for "auto" the table of its choices (moex/
+  // experts_auto.hpp; measured on the device at the first use of a shape).
+  void prepare_experts() const { prepare_experts(impl_); }
 
   // Batches of prompts of different lengths: LEFT padding with an attention mask, as
   // transformers' generate(input_ids, attention_mask=...) with padding_side="left".
@@ -233,7 +237,8 @@ class CausalLM {
   void register_experts_module(const std::string& key, const Experts* experts);
   // Called last by the architecture's constructor: applies `requested` on top of the defaults.
   void init_experts_implementation(const ExpertsImplementation& requested);
-  // Prepares every registered experts module for the backend `map` names for its sub-config.
+  // Prepares every registered experts module for the backend `map` names for its sub-config; for
+  // "auto" also one 1-token call with the model's k, which resolves its table.
   void prepare_experts(const ExpertsImplementation& map) const;
 
   // Forward of step.ids (B rows of step.tokens ids, row-major) at cache columns step.past..

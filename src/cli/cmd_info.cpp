@@ -7,6 +7,7 @@
 #include "cli/args.hpp"
 #include "cli/command.hpp"
 #include "cli/load_progress.hpp"
+#include "moex/experts_auto.hpp"
 #include "moex/model.hpp"
 
 namespace moex::cli {
@@ -16,8 +17,9 @@ int run_info(const std::vector<std::string>& argv) {
   static const Usage kUsage{"info", "--model DIR [flags]",
                             "Load a checkpoint and describe it as JSON: architecture, sizes, MoE layers, stop\n"
                             "tokens, the experts map, the weights held per module group (storage dtype,\n"
-                            "block and scale format of quantized weights, bytes) and the load's bytes,\n"
-                            "seconds and GB/s.",
+                            "block and scale format of quantized weights, bytes), the load's bytes,\n"
+                            "seconds and GB/s, and with --experts-implementation auto the table of its\n"
+                            "choices (grouped_mm or batched_mm per call size, both timed on the device).",
                             load_flags()};
   Args a(argv, kUsage);
   LoadOptions o = load_options(a);
@@ -43,6 +45,26 @@ int run_info(const std::vector<std::string>& argv) {
   j["sub_configs"] = i.sub_configs;
   j["eos_token_ids"] = lm->default_eos_token_ids();
   j["experts_implementation"] = lm->get_experts_implementation();
+  // "auto": the table of its choices per call size (measured on this device at the first use of
+  // the shape, or read from the cache file), with both backends' times.
+  bool uses_auto = false;
+  for (const auto& [key, backend] : lm->get_experts_implementation()) uses_auto |= backend == "auto";
+  if (uses_auto) {
+    lm->prepare_experts();
+    nlohmann::json tables = nlohmann::json::array();
+    for (const ExpertsAutoTable& t : experts_auto_tables()) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (const ExpertsAutoRow& r : t.rows) {
+        nlohmann::json e = {{"tokens_up_to", r.tokens}, {"choice", r.choice}};
+        if (r.grouped_mm_ms > 0) e["grouped_mm_ms"] = r.grouped_mm_ms;
+        if (r.batched_mm_ms > 0) e["batched_mm_ms"] = r.batched_mm_ms;
+        if (r.grouped_mm_ms > 0 && r.batched_mm_ms > 0) e["batched_over_grouped"] = r.batched_mm_ms / r.grouped_mm_ms;
+        rows.push_back(e);
+      }
+      tables.push_back({{"key", t.key}, {"source", t.source}, {"rows", rows}});
+    }
+    j["experts_auto"] = {{"cache_file", experts_auto_cache_file()}, {"tables", tables}};
+  }
   // What the load made of each module group: storage dtype, block and scale format of quantized
   // weights, and the bytes held.
   j["quantized_checkpoint"] = i.quantized_checkpoint;

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "moex/device.hpp"
 #include "moex/tensor.hpp"
@@ -43,5 +44,8 @@ void* current_stream(Device device);
 // Whether the calling thread's current stream of `device` is being captured into a graph (work
 // whose sizes come from host values of the step must refuse to be recorded). False on the CPU.
 bool capturing(Device device);
+// What a measurement made on `device` holds for: "cpu", or the GPU's name and compute capability
+// ("NVIDIA H200 sm_90"). Unsupported for a CUDA device without CUDA.
+std::string device_name(Device device);
 
 }  // namespace moex::detail

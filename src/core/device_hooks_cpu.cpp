@@ -26,6 +26,10 @@ void* current_stream(Device device) {
 }
 
 bool capturing(Device) { return false; }
+std::string device_name(Device device) {
+  if (device.is_cpu()) return "cpu";
+  throw Unsupported("device " + device.str() + " requested, but this moex was built without CUDA");
+}
 
 }  // namespace moex::detail
 #endif

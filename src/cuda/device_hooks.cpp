@@ -86,4 +86,10 @@ bool capturing(Device device) {
   return st != cudaStreamCaptureStatusNone;
 }
 
+std::string device_name(Device device) {
+  if (!device.is_cuda()) return "cpu";
+  const auto& i = moex::cuda::device_info(device.index);
+  return i.name + " sm_" + std::to_string(i.major) + std::to_string(i.minor);
+}
+
 }  // namespace moex::detail

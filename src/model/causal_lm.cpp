@@ -112,8 +112,22 @@ void CausalLM::init_experts_implementation(const ExpertsImplementation& requeste
 }
 
 void CausalLM::prepare_experts(const ExpertsImplementation& map) const {
-  for (const auto& [key, module] : experts_modules_)
-    if (auto it = map.find(key); it != map.end()) module->prepare(it->second);
+  for (const auto& [key, module] : experts_modules_) {
+    auto it = map.find(key);
+    if (it == map.end()) continue;
+    module->prepare(it->second);
+    // "auto" resolves its table at the first call of a shape and k (measuring it the first time
+    // on a device): make that call now, outside any clock or graph capture.
+    const int64_t k = std::min(info_.experts_per_token, module->spec().num_experts);
+    if (it->second == "auto" && k > 0) {
+      const Device dev = module->device();
+      std::vector<int64_t> ids(static_cast<size_t>(k));
+      for (int64_t j = 0; j < k; ++j) ids[size_t(j)] = j;
+      (void)module->forward("auto", Tensor::zeros({1, module->spec().hidden}, info_.dtype, dev),
+                            Tensor::from_ints(ids, {1, k}).to(dev),
+                            Tensor::from_floats(std::vector<float>(size_t(k), 1.0f / float(k)), {1, k}).to(dev));
+    }
+  }
 }
 
 void CausalLM::set_experts_implementation(const std::string& backend) {
