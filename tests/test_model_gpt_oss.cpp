@@ -69,5 +69,38 @@ TEST(GptOssRope, DefaultsToYarnWhenConfigHasNone) {
   EXPECT_NEAR(d.inv_freq[1], 1.0 / std::pow(150000.0, 2.0 / 64.0), 1e-7);
 }
 
+// The GPU layout of gpt-oss's experts (model/gpt_oss_layers.hpp): the same function as the stored
+// transposed, interleaved layout, checked on the float64 reference of both (ugly sizes, float32
+// and bfloat16 values), and the spec says what changed.
+TEST(GptOss, RowMajorExpertsComputeTheSameFunction) {
+  const test::ExpertsLayout l{/*gate=*/true, /*bias=*/true, /*transposed=*/true, /*concat=*/false};
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    ExpertsSpec s = test::make_experts_spec(l, 5, 37, 21, Activation::kSwigluOai);
+    const Experts stored(s, test::random_experts_weights(s, dt, 71));
+    const Experts row_major = model::gpt_oss_experts_row_major(stored);
+    EXPECT_FALSE(row_major.spec().is_transposed);
+    EXPECT_TRUE(row_major.spec().is_concatenated);
+    EXPECT_EQ(row_major.weights().gate_up.shape(), (Shape{5, 42, 37}));
+    EXPECT_EQ(row_major.weights().down.shape(), (Shape{5, 37, 21}));
+    const auto r = test::random_routing(s, 9, 2, dt, 72, test::RoutingCase::kRandom);
+    const Tensor a = stored.forward("eager", r.hidden, r.top_k_index, r.top_k_weights);
+    const Tensor b = row_major.forward("eager", r.hidden, r.top_k_index, r.top_k_weights);
+    const auto x = a.to_float_vector(), y = b.to_float_vector();
+    ASSERT_EQ(x.size(), y.size());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      num += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
+      den += double(x[i]) * x[i];
+    }
+    EXPECT_LE(std::sqrt(num / den), dt == DType::kF32 ? 1e-6 : 1e-2) << dtype_name(dt);
+  }
+  ExpertsSpec plain;
+  plain.num_experts = 2;
+  plain.hidden = 8;
+  plain.intermediate = 4;
+  EXPECT_THROW(model::gpt_oss_experts_row_major(Experts(plain, test::random_experts_weights(plain, DType::kF32, 1))),
+               InvalidInput);
+}
+
 }  // namespace
 }  // namespace moex

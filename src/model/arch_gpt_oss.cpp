@@ -83,7 +83,10 @@ class GptOssLM final : public DecoderLM {
       L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, DType::kF32, dev);
       L.router = load_linear(ckpt, p + "mlp.router", E, H, dt, /*bias=*/true, dev, false, quant());
       L.sliding_window = sliding[size_t(l)] ? window : 0;
-      experts_.push_back(experts_to(load_gpt_oss_experts(ckpt, p + "mlp.experts", E, H, I, dt, limit, kAlpha), info_.device));
+      Experts experts = load_gpt_oss_experts(ckpt, p + "mlp.experts", E, H, I, dt, limit, kAlpha);
+      // On a GPU, the layout its tensor-core experts kernels read (gpt_oss_layers.hpp).
+      if (info_.device.is_cuda()) experts = gpt_oss_experts_row_major(experts);
+      experts_.push_back(experts_to(experts, info_.device));
       info_.moe_layers.push_back(l);
     }
     finish_experts(experts_, "", E, top_k_, o.experts_implementation);
