@@ -60,15 +60,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_vec_kernel
   const int past = p.step[0], pad = p.step[1 + b];
   const int i0 = qb * kQ;
   const int nq = min(kQ, p.tokens * p.group - i0);
-  const int c_first = past + i0 / p.group, c_last = past + (i0 + nq - 1) / p.group;
-  int lo = max(pad, p.window > 0 ? c_first - p.window + 1 : 0);
-  lo = int(max(int64_t(lo), int64_t(split) * p.chunk));
-  const int hi = int(min(int64_t(c_last) + 1, int64_t(split + 1) * p.chunk));
-
-  auto global_query = [&](int qi) {
-    const int i = i0 + qi, t = i / p.group, hh = i % p.group;
-    return (int64_t(b) * p.tokens + t) * p.heads + int64_t(g) * p.group + hh;
-  };
+  const SplitColumns cols = split_columns(p, split, past, pad, i0, nq);
+  const int lo = cols.lo, hi = cols.hi;
 
   uint4 qr[kQ];
   int cq[kQ];  // the query's cache column (-1: no query, sees nothing)
@@ -174,7 +167,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_vec_kernel
         a = fmaf(acc_sh[w][qi][d], f, a);
         L = fmaf(l_sh[w][qi], f, L);
       }
-    const int64_t w = int64_t(split) * p.rows_heads + global_query(qi);
+    const int64_t w = int64_t(split) * p.rows_heads + split_query_index(p, b, g, i0 + qi);
     p.ws_acc[w * kD + d] = a;
     if (d == 0) {
       p.ws_m[w] = M;

@@ -113,6 +113,29 @@ __device__ __forceinline__ void stage_rows_f32(float* dst, int dst_ld, const T* 
   }
 }
 
+// The cache columns [lo, hi) that split `split` reads for the block's queries i0 .. i0 + nq - 1
+// of one sequence (left pad `pad`, `past` columns before this step): from the first column any
+// of them may see (pad, the window of the first query) to the last query's own column, cut to
+// the split's chunk. Empty (lo >= hi) when the split lies past the length.
+struct SplitColumns {
+  int lo, hi;
+};
+__device__ __forceinline__ SplitColumns split_columns(const SplitParams& p, int split, int past, int pad, int i0,
+                                                      int nq) {
+  const int c_first = past + i0 / p.group, c_last = past + (i0 + nq - 1) / p.group;
+  int lo = max(pad, p.window > 0 ? c_first - p.window + 1 : 0);
+  lo = int(max(int64_t(lo), int64_t(split) * p.chunk));
+  const int hi = int(min(int64_t(c_last) + 1, int64_t(split + 1) * p.chunk));
+  return {lo, hi};
+}
+
+// Global index (row * heads + h) of the block's query i (i = t * group + hh) of sequence b, kv
+// head g: where its partial state and output go.
+__device__ __forceinline__ int64_t split_query_index(const SplitParams& p, int b, int g, int i) {
+  const int t = i / p.group, hh = i % p.group;
+  return (int64_t(b) * p.tokens + t) * p.heads + int64_t(g) * p.group + hh;
+}
+
 // Dynamic shared memory of the split kernel, in bytes (the launcher sizes it and opts in beyond
 // 48 KiB; layout below). No V tile when V is K. DeepSeek MLA absorbed (dk 576, dv 512, V in K):
 // 146 KB; separate 576 / 512 tiles would take 212 KB, still under the H200's 227 KB.
@@ -152,16 +175,9 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(SplitPar
   const float* vt = p.v_in_k ? ks : vs;
   const int kdv = p.v_in_k ? kdk : p.dv + 1;
 
-  const int c_first = past + i0 / p.group, c_last = past + (i0 + nq - 1) / p.group;
-  int lo = max(pad, p.window > 0 ? c_first - p.window + 1 : 0);
-  lo = int(max(int64_t(lo), int64_t(split) * p.chunk));
-  const int hi = int(min(int64_t(c_last) + 1, int64_t(split + 1) * p.chunk));
-
-  // Global index (row * heads + h) of query qi of this block.
-  auto global_query = [&](int qi) {
-    const int i = i0 + qi, t = i / p.group, hh = i % p.group;
-    return (int64_t(b) * p.tokens + t) * p.heads + int64_t(g) * p.group + hh;
-  };
+  const SplitColumns cols = split_columns(p, split, past, pad, i0, nq);
+  const int lo = cols.lo, hi = cols.hi;
+  auto global_query = [&](int qi) { return split_query_index(p, b, g, i0 + qi); };
 
   if (tid < kQ) {
     m_s[tid] = -INFINITY;
