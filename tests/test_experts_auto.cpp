@@ -132,9 +132,7 @@ TEST(ExpertsAuto, CudaReadsTheCacheFileAndRunsItsChoice) {
   const Device dev = Device::cuda(0);
   const auto w = test::random_experts_weights(s, DType::kBF16, 21);
   const ExpertsWeights dw = test::experts_weights_to(w, dev);
-  // The key auto forms: device name, spec, top-k, dtype. Found from a measured table's key
-  // pattern would need a measurement; build it the same way instead.
-  const auto r0 = test::random_routing(s, 1, 2, DType::kBF16, 22, test::RoutingCase::kRandom);
+  // The key auto forms: "DEVICE | SPEC | top-K | DTYPE".
   std::string name;
   {
     // The device part of the key: ask auto once for an unrelated shape (measured) and read it.

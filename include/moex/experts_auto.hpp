@@ -11,9 +11,10 @@
 // captured decode graph records the backend its step size chose.
 //
 // Where the table comes from (ExpertsAutoTable::source):
-// - "measured": at the first prepare of that shape in this process (about a second per shape
-//   on the H200; batched_mm stops being timed once it has lost by 2x at two buckets in a row, its
-//   per-pair products only grow slower with more tokens), then written to the cache file;
+// - "measured": at the first prepare of that shape in this process (14 buckets, one warm-up and
+//   five timed calls each; batched_mm stops being timed once it has lost by 2x at two buckets in
+//   a row, its per-pair products only grow slower with more tokens), then written to the cache
+//   file;
 // - "cache FILE": a table measured earlier on a device of the same name, read from the cache
 //   file (experts_auto_cache_file());
 // - "rule": on the CPU, grouped_mm at every size, without measuring (measured there at every T,
