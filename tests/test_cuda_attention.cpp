@@ -16,11 +16,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "moex/dtype.hpp"
@@ -29,6 +31,7 @@
 #include "ops/ops.hpp"
 #include "support/test_support.hpp"
 #if MOEX_WITH_CUDA
+#include "ops/cuda/attention_cudnn.hpp"
 #include "ops/cuda/attention_plan.hpp"
 #endif
 
@@ -37,9 +40,10 @@ namespace {
 
 // kFlash: the flash kernel with every block shape that fits the head dims (run_device's `block`);
 // kSplit / kVec: the SIMT / vector split kernels, on prompts too (with several splits).
-enum class Kernel { kPlanned, kSplit, kVec, kFlash };
+enum class Kernel { kPlanned, kSplit, kVec, kFlash, kCudnn };
 const char* kernel_name(Kernel k) {
-  return k == Kernel::kPlanned ? "planned" : k == Kernel::kSplit ? "split" : k == Kernel::kVec ? "vector split" : "flash";
+  return k == Kernel::kPlanned ? "planned" : k == Kernel::kSplit ? "split" : k == Kernel::kVec ? "vector split"
+         : k == Kernel::kFlash ? "flash" : "cuDNN";
 }
 
 struct Case {
@@ -153,7 +157,10 @@ bool run_device(const Tensor& q, const LayerKV& kv, const Step& step, const Atte
   if (kernel != Kernel::kPlanned) {
     const cuda::AttentionShape shape = cuda::attention_shape_of(q, kv, step, spec, act);
     cuda::AttentionPlan plan = cuda::plan_attention(shape);
-    if (kernel == Kernel::kFlash) {
+    if (kernel == Kernel::kCudnn) {
+      if (!cuda::cudnn_applies(shape)) return false;
+      plan.kernel = cuda::AttentionKernel::kCudnn;
+    } else if (kernel == Kernel::kFlash) {
       const cuda::FlashBlock b = cuda::kFlashBlocks[block];
       if (!cuda::flash_mma_applies(shape) || !cuda::flash_block_fits(b, shape.head_dim_k, shape.head_dim_v))
         return false;
@@ -235,7 +242,7 @@ void check_case(const Case& c) {
 #else
     const int blocks = 1;
 #endif
-    for (Kernel kernel : {Kernel::kPlanned, Kernel::kSplit, Kernel::kVec, Kernel::kFlash})
+    for (Kernel kernel : {Kernel::kPlanned, Kernel::kSplit, Kernel::kVec, Kernel::kFlash, Kernel::kCudnn})
      for (int block = 0; block < (kernel == Kernel::kFlash ? blocks : 1); ++block) {
       Tensor out;
       if (!run_device(dq, dkv, ds, dspec, act, kernel, block, out)) continue;
@@ -273,6 +280,68 @@ TEST(CudaAttention, MatchesHostAcrossHeadDimsAndGqa) {
         check_case(c);
       }
 }
+
+#if MOEX_WITH_CUDA
+// cuDNN's fused attention (where libcudnn loads): every case above also runs it forced (built on
+// the builder thread: the first calls of a shape run the flash kernel); here with graphs built at
+// the first call, so that every forced call must run on cuDNN: a prompt it plans, a prompt after a
+// cache (bottom-right causal), a decode step, GQA, both half dtypes, head dims 64 and 128, counted
+// so that a silent fallback to the own kernel fails.
+TEST(CudaAttention, CudnnPromptsRunOnCudnn) {
+  MOEX_REQUIRE_CUDA();
+  if (!cuda::cudnn_attention_available()) GTEST_SKIP() << cuda::cudnn_attention_status();
+  cuda::cudnn_attention_synchronous_builds(true);
+  uint64_t seed = 900;
+  for (DType dt : {DType::kBF16, DType::kF16})
+    for (int64_t d : {64, 128}) {
+      Case c;
+      c.dtype = dt;
+      c.dk = c.dv = d;
+      c.heads = 8;
+      c.kv_heads = 2;
+      c.batch = 2;
+      c.steps = {cuda::kCudnnMinTokens + 3, 40, 1};
+      c.seed = ++seed;
+      const int64_t before = cuda::cudnn_attention_calls();
+      check_case(c);
+      // Planned for the first prompt, forced on all three steps.
+      EXPECT_EQ(cuda::cudnn_attention_calls() - before, 4) << dtype_name(dt) << " d " << d;
+    }
+  cuda::cudnn_attention_synchronous_builds(false);
+}
+
+// The builder thread: a new shape's first call runs the flash kernel (same result), and once its
+// graph is built the same call runs on cuDNN.
+TEST(CudaAttention, CudnnGraphBuiltBesideTheCalls) {
+  MOEX_REQUIRE_CUDA();
+  if (!cuda::cudnn_attention_available()) GTEST_SKIP() << cuda::cudnn_attention_status();
+  std::mt19937_64 rng(77);
+  const int64_t T = cuda::kCudnnMinTokens + 11, H = 4, D = 64;
+  AttentionSpec spec;
+  spec.heads = spec.kv_heads = H;
+  spec.head_dim_k = spec.head_dim_v = D;
+  spec.scale = 0.125f;
+  LayerKV kv;
+  Step step = make_step(1, T, 0);
+  make_device_step(step, Device::cuda(0));
+  kv_append(kv, device_tensor(random_values(T * H * D, 1.0f, DType::kBF16, rng), {T, H * D}, DType::kBF16),
+            device_tensor(random_values(T * H * D, 1.0f, DType::kBF16, rng), {T, H * D}, DType::kBF16), step);
+  const Tensor q = device_tensor(random_values(T * H * D, 2.0f, DType::kBF16, rng), {T, H * D}, DType::kBF16);
+  ASSERT_EQ(cuda::plan_attention(cuda::attention_shape_of(q, kv, step, spec, DType::kBF16)).kernel,
+            cuda::AttentionKernel::kCudnn);
+  const int64_t before = cuda::cudnn_attention_calls();
+  const auto first = attention(q, kv, step, spec, DType::kBF16).to_float_vector();
+  EXPECT_EQ(cuda::cudnn_attention_calls(), before) << "a new shape's first call waited for its graph";
+  std::vector<float> later;
+  for (int i = 0; i < 2000 && cuda::cudnn_attention_calls() == before; ++i) {
+    later = attention(q, kv, step, spec, DType::kBF16).to_float_vector();
+    if (cuda::cudnn_attention_calls() == before) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(cuda::cudnn_attention_calls(), before + 1) << "the graph was not built within 10 s";
+  std::vector<double> ref(first.begin(), first.end());
+  expect_close(later, ref, DType::kBF16, "cuDNN against the flash kernel");
+}
+#endif
 
 TEST(CudaAttention, PromptLengths) {
   MOEX_REQUIRE_CUDA();
@@ -571,6 +640,40 @@ TEST(CudaAttentionPlan, Rules) {
       cuda::check_attention_plan(cuda::AttentionPlan{cuda::AttentionKernel::kFlashMma, 1, cuda::FlashBlock(9)}, s),
       InvalidInput);
   EXPECT_THROW(cuda::check_attention_plan(cuda::AttentionPlan{cuda::AttentionKernel::kSplitSimt, 0}, s), InvalidInput);
+}
+
+TEST(CudaAttentionPlan, CudnnRules) {
+  cuda::AttentionShape s;
+  s.cache = s.act = DType::kBF16;
+  s.heads = 32;
+  s.kv_heads = 8;
+  s.head_dim_k = s.head_dim_v = 128;
+  s.tokens = cuda::kCudnnMinTokens;
+  s.capacity = 8192;
+  s.cudnn = true;
+  EXPECT_EQ(cuda::plan_attention(s).kernel, cuda::AttentionKernel::kCudnn);
+  EXPECT_EQ(cuda::plan_attention(s).describe(), "cuDNN flash");
+  EXPECT_NO_THROW(cuda::check_attention_plan(cuda::AttentionPlan{cuda::AttentionKernel::kCudnn}, s));
+  cuda::AttentionShape shorter = s;
+  shorter.tokens = cuda::kCudnnMinTokens - 1;
+  EXPECT_EQ(cuda::plan_attention(shorter).kernel, cuda::AttentionKernel::kFlashMma);
+  // What cuDNN does not take: no library (or capturing), float32, eager rounding, sinks / windows /
+  // left padding, values from keys, unequal or too wide head dims, act != cache, misalignment.
+  for (auto mutate : {+[](cuda::AttentionShape& x) { x.cudnn = false; },
+                      +[](cuda::AttentionShape& x) { x.cache = x.act = DType::kF32; },
+                      +[](cuda::AttentionShape& x) { x.eager = true; },
+                      +[](cuda::AttentionShape& x) { x.plain_causal = false; },
+                      +[](cuda::AttentionShape& x) { x.v_from_k = true; },
+                      +[](cuda::AttentionShape& x) { x.head_dim_k = 192; },
+                      +[](cuda::AttentionShape& x) { x.head_dim_k = x.head_dim_v = 256; },
+                      +[](cuda::AttentionShape& x) { x.head_dim_k = x.head_dim_v = 36; },
+                      +[](cuda::AttentionShape& x) { x.act = DType::kF32; },
+                      +[](cuda::AttentionShape& x) { x.aligned16 = false; }}) {
+    cuda::AttentionShape x = s;
+    mutate(x);
+    EXPECT_NE(cuda::plan_attention(x).kernel, cuda::AttentionKernel::kCudnn);
+    EXPECT_THROW(cuda::check_attention_plan(cuda::AttentionPlan{cuda::AttentionKernel::kCudnn}, x), InvalidInput);
+  }
 }
 #endif
 

@@ -3,6 +3,6 @@
 # Run from the repository root after a CUDA build in build/; writes $OUT/attention_compare.log.
 set -u
 OUT=${OUT:-/tmp}
-g++ -std=c++20 -O2 -Iinclude -Isrc lab/cuda/attention_lab.cpp -Lbuild -lmoex -Wl,-rpath,$PWD/build -o /tmp/attention_lab
+g++ -std=c++20 -O2 -Iinclude -Isrc -I/usr/local/cuda/include lab/cuda/attention_lab.cpp -Lbuild -lmoex -Wl,-rpath,$PWD/build -o /tmp/attention_lab
 { /tmp/attention_lab; python3 lab/cuda/attention_torch.py; } > "$OUT/attention_compare.log" 2>&1
 cat "$OUT/attention_compare.log"

@@ -3,13 +3,16 @@
 // in the same run (lab/cuda/attention_compare.sh). Prints one JSON line per case.
 //
 // Build (from the repository root, after a CUDA build in build/):
-//   g++ -std=c++20 -O2 -Iinclude -Isrc lab/cuda/attention_lab.cpp -Lbuild -lmoex -Wl,-rpath,$PWD/build -o build/attention_lab
+//   g++ -std=c++20 -O2 -Iinclude -Isrc -I/usr/local/cuda/include lab/cuda/attention_lab.cpp -Lbuild -lmoex -Wl,-rpath,$PWD/build -o build/attention_lab
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <vector>
 
+#include "cuda/runtime.hpp"
 #include "moex/bench.hpp"
+#include "ops/cuda/attention_cudnn.hpp"
 #include "ops/cuda/attention_plan.hpp"
 #include "ops/ops.hpp"
 
@@ -46,14 +49,23 @@ void run_case(const char* name, int64_t B, int64_t past, int64_t T, int64_t head
   spec.kv_heads = kv_heads;
   spec.head_dim_k = spec.head_dim_v = d;
   spec.scale = 1.0f / std::sqrt(float(d));
-  const ops::cuda::AttentionPlan planned =
-      ops::cuda::plan_attention(ops::cuda::attention_shape_of(q, kv, step, spec, DType::kBF16));
+  const ops::cuda::AttentionShape shape = ops::cuda::attention_shape_of(q, kv, step, spec, DType::kBF16);
+  const ops::cuda::AttentionPlan planned = ops::cuda::plan_attention(shape);
   std::vector<ops::cuda::AttentionPlan> plans{planned};
-  if (planned.kernel == ops::cuda::AttentionKernel::kFlashMma)
+  // Prompts: cuDNN (where it loads) and the own flash kernel in each block shape, whichever is planned.
+  ops::cuda::AttentionShape own = shape;
+  own.cudnn = false;
+  const ops::cuda::AttentionPlan flash = ops::cuda::plan_attention(own);
+  if (T > ops::cuda::kAttentionDecodeTokens && planned.kernel != ops::cuda::AttentionKernel::kCudnn &&
+      ops::cuda::cudnn_applies(shape))
+    plans.push_back({ops::cuda::AttentionKernel::kCudnn});
+  if (flash.kernel == ops::cuda::AttentionKernel::kFlashMma) {
+    if (!(flash == planned)) plans.push_back(flash);
     for (ops::cuda::FlashBlock b : ops::cuda::kFlashBlocks)
-      if (b != planned.flash_block && ops::cuda::flash_block_fits(b, d, d)) plans.push_back({planned.kernel, 1, b});
+      if (b != flash.flash_block && ops::cuda::flash_block_fits(b, d, d)) plans.push_back({flash.kernel, 1, b});
+  }
   // Decode: both split kernels over other split counts (the plan sizes them from the capacity).
-  if (planned.kernel != ops::cuda::AttentionKernel::kFlashMma) {
+  if (flash.kernel != ops::cuda::AttentionKernel::kFlashMma) {
     const auto other = planned.kernel == ops::cuda::AttentionKernel::kSplitVec ? ops::cuda::AttentionKernel::kSplitSimt
                                                                                : ops::cuda::AttentionKernel::kSplitVec;
     plans.push_back({other, planned.splits});
@@ -61,6 +73,11 @@ void run_case(const char* name, int64_t B, int64_t past, int64_t T, int64_t head
       if (splits != planned.splits && splits * 32 <= past + T) plans.push_back({planned.kernel, splits});
   }
   for (const auto& plan : plans) {
+    // The first call of a shape (cuDNN builds its graph then), wall clock.
+    const auto t0 = std::chrono::steady_clock::now();
+    (void)ops::cuda::attention_planned(q, kv, step, spec, DType::kBF16, plan);
+    moex::cuda::synchronize();
+    const double first_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const double ms = time_cuda_ms(
         dev, [&] { (void)ops::cuda::attention_planned(q, kv, step, spec, DType::kBF16, plan); }, false, 3, 20);
     // Causal pairs (query, key) and the flops of q.k and p.v over them.
@@ -70,15 +87,18 @@ void run_case(const char* name, int64_t B, int64_t past, int64_t T, int64_t head
     const double bytes = 2.0 * double(B) * double(past + T) * double(kv_heads) * d * 2;  // k and v, bf16
     std::printf("{\"case\": \"%s\", \"engine\": \"moex\", \"variant\": \"%s\", \"batch\": %lld, "
                 "\"past\": %lld, \"tokens\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, "
-                "\"ms\": %.4f, \"tflops\": %.1f, \"kv_gbps\": %.0f}\n",
+                "\"ms\": %.4f, \"tflops\": %.1f, \"kv_gbps\": %.0f, \"first_call_ms\": %.1f}\n",
                 name, plan.describe().c_str(), (long long)B, (long long)past, (long long)T, (long long)heads,
-                (long long)kv_heads, (long long)d, ms, flops / ms / 1e9, bytes / ms / 1e6);
+                (long long)kv_heads, (long long)d, ms, flops / ms / 1e9, bytes / ms / 1e6, first_ms);
   }
 }
 
 }  // namespace
 
 int main() {
+  // cuDNN graphs built at a shape's first call (timed as first_call_ms), not on the builder thread.
+  ops::cuda::cudnn_attention_synchronous_builds(true);
+  std::printf("{\"cudnn\": \"%s\"}\n", ops::cuda::cudnn_attention_status().c_str());
   // Qwen1.5-MoE-A2.7B (16 heads of 128, no GQA), Mixtral (32 / 8 of 128), gpt-oss (64 / 8 of 64).
   run_case("qwen prefill 4096", 1, 0, 4096, 16, 16, 128);
   run_case("qwen decode b1 4096", 1, 4096, 1, 16, 16, 128);
@@ -93,6 +113,11 @@ int main() {
   run_case("gpt-oss decode b1 4096", 1, 4096, 1, 64, 8, 64);
   run_case("gpt-oss decode b32 1024", 32, 1024, 1, 64, 8, 64);
   run_case("qwen prefill 8 x 512", 8, 0, 512, 16, 16, 128);
+  // Where cuDNN starts to pay (kCudnnMinTokens): Qwen prompts by length, and a prompt after a cache.
+  for (int64_t t : {128, 256, 512, 1024, 2048}) run_case("qwen prefill by length", 1, 0, t, 16, 16, 128);
+  run_case("qwen prefill 1024 after 3072", 1, 3072, 1024, 16, 16, 128);
+  // New lengths: cuDNN's first_call_ms is the cost of planning a shape.
+  for (int64_t t : {1000, 3000}) run_case("qwen prefill, new lengths", 1, 0, t, 16, 16, 128);
   run_case("128 heads prefill 4096", 1, 0, 4096, 128, 128, 128);
   return 0;
 }

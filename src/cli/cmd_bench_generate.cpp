@@ -37,6 +37,9 @@
 #include "moex/bench.hpp"
 #include "moex/error.hpp"
 #include "moex/model.hpp"
+#if MOEX_WITH_CUDA
+#include "ops/cuda/attention_cudnn.hpp"
+#endif
 
 namespace moex::cli {
 
@@ -147,15 +150,20 @@ int run_bench_generate(const std::vector<std::string>& argv) {
     std::string graph_note;
   };
   std::vector<Timed> timed;
+#if MOEX_WITH_CUDA
+  // Steady state: each row's warm-up builds its cuDNN attention graphs (a generate builds them on a
+  // thread beside its first prompt of a shape, which runs the project's flash kernel meanwhile).
+  ops::cuda::cudnn_attention_synchronous_builds(true);
+#endif
   for (const auto& [B, P] : cases) {
     {
       std::vector<int64_t> ids(size_t(B * P));
       for (auto& v : ids) v = id(rng);
       const Tensor input = Tensor::from_ints(ids, {B, P});
       std::fprintf(stderr, "moex bench generate: batch %lld, prompt %lld: warm-up\n", (long long)B, (long long)P);
-      GenerationOptions warm = g;
-      warm.max_new_tokens = 3;
-      lm->generate(input, warm);
+      // The timed runs' options: the same cache capacity, so that every plan keyed by shape (cuDNN's
+      // attention graphs of batched prompts) is made here.
+      lm->generate(input, g);
       const double prepare_s = lm->last_generation_stats().prepare_seconds;
       std::fprintf(stderr, "moex bench generate: batch %lld, prompt %lld: warm-up done (experts prepared in %.2f s)\n",
                    (long long)B, (long long)P, prepare_s);

@@ -9,6 +9,9 @@
 #include "cli/load_progress.hpp"
 #include "moex/experts_auto.hpp"
 #include "moex/model.hpp"
+#if MOEX_WITH_CUDA
+#include "ops/cuda/attention_cudnn.hpp"
+#endif
 
 namespace moex::cli {
 namespace {
@@ -65,6 +68,10 @@ int run_info(const std::vector<std::string>& argv) {
     }
     j["experts_auto"] = {{"cache_file", experts_auto_cache_file()}, {"tables", tables}};
   }
+#if MOEX_WITH_CUDA
+  // Long prompts' attention: cuDNN's fused kernel when it loads, else the project's flash kernel.
+  if (i.device.is_cuda()) j["prompt_attention"] = ops::cuda::cudnn_attention_status();
+#endif
   // What the load made of each module group: storage dtype, block and scale format of quantized
   // weights, and the bytes held.
   j["quantized_checkpoint"] = i.quantized_checkpoint;

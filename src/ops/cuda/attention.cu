@@ -6,13 +6,17 @@
 // parity with transformers' bf16 eager rounding, DeepSeek MLA's unequal q/k and v head dims
 // (192 / 128 expanded; 576 / 512 absorbed, values read from the cached keys) and a decode step whose launches do not depend on the cache length (read on the
 // device, grids sized from the capacity) so that it can be captured in a CUDA graph and replayed at
-// every length. FlashInfer and cuDNN's fused attention cover parts of this; they are to be
-// compared with these kernels by measurement (same harness, same shapes) before any switch.
+// every length. cuDNN's fused attention covers the plain causal prompt (attention_cudnn.hpp) and
+// runs it where it is measured faster; everything else stays on these kernels.
 #include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "cuda/runtime.hpp"
 #include "moex/error.hpp"
+#include "ops/cuda/attention_cudnn.hpp"
 #include "ops/cuda/attention_launchers.hpp"
 #include "ops/cuda/attention_plan.hpp"
 #include "ops/cuda/cuda_ops.hpp"
@@ -52,6 +56,14 @@ AttentionShape attention_shape_of(const Tensor& q, const LayerKV& kv, const Step
   s.aligned16 = kv.k.defined() && aligned16(kv.k) && (spec.v_from_k || aligned16(kv.v)) &&
                 (q.dtype() != s.cache || aligned16(q));
   s.sm_count = q.device().is_cuda() ? moex::cuda::device_info(q.device().index).sm_count : 132;
+  bool padded = false;
+  for (int64_t p : step.pad) padded = padded || p > 0;
+  s.plain_causal = !spec.sinks.defined() && spec.sliding_window <= 0 && !padded;
+  // cuDNN launches are planned with the host's cached length: never inside a captured graph.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  s.cudnn = q.device().is_cuda() && cudnn_attention_available() &&
+            cudaStreamIsCapturing(moex::cuda::current_stream(), &capture) == cudaSuccess &&
+            capture == cudaStreamCaptureStatusNone;
   return s;
 }
 
@@ -112,8 +124,29 @@ Tensor attention_planned(const Tensor& q, const LayerKV& kv, const Step& step, c
   a.window = spec.sliding_window > 0 ? int(std::min<int64_t>(spec.sliding_window, INT32_MAX)) : 0;
   a.eager = spec.eager_rounding;
 
-  if (plan.kernel == AttentionKernel::kFlashMma) {
-    switch (plan.flash_block) {
+  AttentionPlan run = plan;
+  if (plan.kernel == AttentionKernel::kCudnn) {
+    std::string why;
+    const CudnnLaunch r = launch_attention_cudnn(a, step.past, dev.index, out.raw(), stream, &why);
+    if (r == CudnnLaunch::kRan) return out;
+    // The graph is being built (the flash kernel runs meanwhile), or cuDNN has no engine for this
+    // shape: then the flash kernel runs it always, said once per head layout.
+    if (r == CudnnLaunch::kUnsupported) {
+      static std::mutex mu;
+      static std::set<std::string> told;
+      const std::string key = std::to_string(a.heads) + "/" + std::to_string(a.kv_heads) + " heads of " +
+                              std::to_string(a.dk);
+      std::lock_guard<std::mutex> lock(mu);
+      if (told.insert(key).second)
+        std::fprintf(stderr, "moex: cuDNN attention does not run %s (%s); using the flash kernel\n", key.c_str(),
+                     why.c_str());
+    }
+    AttentionShape fallback = shape;
+    fallback.cudnn = false;
+    run = plan_attention(fallback);
+  }
+  if (run.kernel == AttentionKernel::kFlashMma) {
+    switch (run.flash_block) {
       case FlashBlock::k4x16n64: a.flash_warps = 4, a.flash_warp_mtiles = 1, a.flash_columns = 64; break;
       case FlashBlock::k8x16n64: a.flash_warps = 8, a.flash_warp_mtiles = 1, a.flash_columns = 64; break;
       case FlashBlock::k4x32n64: a.flash_warps = 4, a.flash_warp_mtiles = 2, a.flash_columns = 64; break;
@@ -122,15 +155,15 @@ Tensor attention_planned(const Tensor& q, const LayerKV& kv, const Step& step, c
     launch_attention_flash_mma(a, out.raw(), stream);
     return out;
   }
-  a.split_vec = plan.kernel == AttentionKernel::kSplitVec;
+  a.split_vec = run.kernel == AttentionKernel::kSplitVec;
   const int64_t rows_heads = rows * spec.heads;
-  const int64_t bytes = SplitWorkspace::bytes(plan.splits, rows_heads, spec.head_dim_v);
+  const int64_t bytes = SplitWorkspace::bytes(run.splits, rows_heads, spec.head_dim_v);
   Tensor ws = Tensor::empty({(bytes + 3) / 4}, DType::kF32, dev);
   SplitWorkspace w;
-  w.splits = plan.splits;
+  w.splits = run.splits;
   w.l = static_cast<double*>(ws.raw());  // first: 8-byte aligned
-  w.m = reinterpret_cast<float*>(w.l + plan.splits * rows_heads);
-  w.acc = w.m + plan.splits * rows_heads;
+  w.m = reinterpret_cast<float*>(w.l + run.splits * rows_heads);
+  w.acc = w.m + run.splits * rows_heads;
   launch_attention_split(a, w, out.raw(), stream);
   return out;
 }

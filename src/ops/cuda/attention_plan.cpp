@@ -12,6 +12,7 @@ const char* attention_kernel_name(AttentionKernel k) {
   switch (k) {
     case AttentionKernel::kFlashMma: return "flash mma.sync";
     case AttentionKernel::kSplitVec: return "split-KV vector";
+    case AttentionKernel::kCudnn: return "cuDNN flash";
     case AttentionKernel::kSplitSimt: break;
   }
   return "split-KV SIMT";
@@ -34,6 +35,7 @@ bool flash_block_fits(FlashBlock b, int64_t head_dim_k, int64_t head_dim_v) {
 std::string AttentionPlan::describe() const {
   if (kernel == AttentionKernel::kFlashMma)
     return std::string(attention_kernel_name(kernel)) + ", " + flash_block_name(flash_block);
+  if (kernel == AttentionKernel::kCudnn) return attention_kernel_name(kernel);
   return std::string(attention_kernel_name(kernel)) + ", " + std::to_string(splits) +
          (splits == 1 ? " split" : " splits");
 }
@@ -53,6 +55,12 @@ bool split_vec_applies(const AttentionShape& s) {
          (s.head_dim_k == 64 || s.head_dim_k == 128);
 }
 
+bool cudnn_applies(const AttentionShape& s) {
+  const bool half = s.cache == DType::kBF16 || s.cache == DType::kF16;
+  return s.cudnn && half && s.act == s.cache && !s.eager && !s.v_from_k && s.plain_causal && s.aligned16 &&
+         s.head_dim_k == s.head_dim_v && s.head_dim_k % 8 == 0 && s.head_dim_k > 0 && s.head_dim_k <= 128;
+}
+
 int split_vec_queries(int64_t tokens_x_group) {
   int q = 1;
   while (q < 8 && q < tokens_x_group) q *= 2;
@@ -61,6 +69,10 @@ int split_vec_queries(int64_t tokens_x_group) {
 
 AttentionPlan plan_attention(const AttentionShape& s) {
   AttentionPlan p;
+  if (s.tokens >= kCudnnMinTokens && cudnn_applies(s)) {
+    p.kernel = AttentionKernel::kCudnn;
+    return p;
+  }
   if (s.tokens > kAttentionDecodeTokens && flash_mma_applies(s)) {
     p.kernel = AttentionKernel::kFlashMma;
     // H200, 4096-token causal prompts (lab/cuda/attention_lab.cpp): 16 heads of 128, 0.389 ms with
@@ -102,7 +114,13 @@ void check_attention_plan(const AttentionPlan& p, const AttentionShape& s) {
                        "dtype, sdpa semantics, separate keys and values, 16-byte aligned tensors and head dims "
                        "both 64 or both 128 (got " + std::string(dtype_name(s.cache)) + " k " +
                        std::to_string(s.head_dim_k) + " v " + std::to_string(s.head_dim_v) + ")");
-  if (p.kernel != AttentionKernel::kFlashMma && (p.splits < 1 || p.splits > 65535))
+  if (p.kernel == AttentionKernel::kCudnn && !cudnn_applies(s))
+    throw InvalidInput("attention plan: cuDNN attention needs the library loaded (" +
+                       std::string(s.cudnn ? "it is" : "it is not") + "), bf16 / f16 with act equal to the cache "
+                       "dtype, causal sdpa without sinks, window or left padding, separate keys and values and "
+                       "equal head dims, multiples of 8 up to 128 (got " + std::string(dtype_name(s.cache)) +
+                       " k " + std::to_string(s.head_dim_k) + " v " + std::to_string(s.head_dim_v) + ")");
+  if (p.kernel != AttentionKernel::kFlashMma && p.kernel != AttentionKernel::kCudnn && (p.splits < 1 || p.splits > 65535))
     throw InvalidInput("attention plan: splits " + std::to_string(p.splits) + " outside [1, 65535]");
 }
 

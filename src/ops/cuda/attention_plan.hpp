@@ -27,6 +27,10 @@ enum class AttentionKernel : unsigned char {
   // dot products finish by shuffles; partial states as kSplitSimt's, same combine. bf16 / f16 with
   // act == the cache dtype, sdpa semantics, separate K and V, head dims both 64 or both 128.
   kSplitVec,
+  // cuDNN's fused flash attention (attention_cudnn.hpp), loaded at run time: prompts of bf16 / f16
+  // with act == the cache dtype, sdpa semantics, causal only (no sinks, window or left padding),
+  // separate K and V with equal head dims, multiples of 8 up to 128; never inside a graph capture.
+  kCudnn,
 };
 const char* attention_kernel_name(AttentionKernel k);
 
@@ -54,6 +58,8 @@ struct AttentionShape {
   bool v_from_k = false;    // AttentionSpec::v_from_k
   bool aligned16 = true;    // q, k, v start on 16-byte boundaries
   int sm_count = 132;       // multiprocessors of the device (H200: 132)
+  bool plain_causal = true; // no sinks, no sliding window, no left padding
+  bool cudnn = false;       // cuDNN attention loaded and the stream not capturing (attention_cudnn.hpp)
 };
 
 struct AttentionPlan {
@@ -76,10 +82,16 @@ inline constexpr int kSplitMaxSplits = 64;
 
 bool flash_mma_applies(const AttentionShape& s);
 bool split_vec_applies(const AttentionShape& s);
+bool cudnn_applies(const AttentionShape& s);
+// Query tokens per sequence from which a prompt goes to cuDNN where it applies. H200, Qwen shape
+// (lab/cuda/attention_lab.cpp): cuDNN 0.010 ms against the flash kernel's 0.024 at 128 tokens,
+// 0.146 against 0.395 at 4096; shorter prompts (not measured) stay on the flash kernel rather than
+// adding a cuDNN graph per length.
+inline constexpr int64_t kCudnnMinTokens = 128;
 // Queries (tokens x heads of one GQA group) per block of the vector split kernel: the power of
 // two covering a sequence's queries, at most 8 (its accumulators live in registers).
 int split_vec_queries(int64_t tokens_x_group);
-// Rules: the flash mma kernel for prefill (tokens > kAttentionDecodeTokens) where it applies,
+// Rules: cuDNN for prompts of at least kCudnnMinTokens where it applies; the flash mma kernel for prefill (tokens > kAttentionDecodeTokens) where it applies,
 // with blocks of 4 warps x 32 rows for head dims up to 128, 8 x 16 up to 64, 4 x 16 above
 // (measured, docs/gpu_model.md);
 // otherwise the vector split kernel where it applies, else the SIMT one, with enough splits that
