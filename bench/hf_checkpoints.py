@@ -111,7 +111,8 @@ def make_checkpoint(model, layers, path, torch, transformers, tokenizer_file=Non
     m.generation_config.eos_token_id = None
     m.generation_config.bos_token_id = None
     m.generation_config.pad_token_id = None
-    m.save_pretrained(path)
+    # 5 GB shards, as on the hub: a shard at a time passes through host memory.
+    m.save_pretrained(path, max_shard_size="5GB")
     del m
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
