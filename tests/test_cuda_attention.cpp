@@ -285,18 +285,20 @@ TEST(CudaAttention, MatchesHostAcrossHeadDimsAndGqa) {
 // cuDNN's fused attention (where libcudnn loads): every case above also runs it forced (built on
 // the builder thread: the first calls of a shape run the flash kernel); here with graphs built at
 // the first call, so that every forced call must run on cuDNN: a prompt it plans, a prompt after a
-// cache (bottom-right causal), a decode step, GQA, both half dtypes, head dims 64 and 128, counted
+// cache (bottom-right causal), a decode step, GQA, both half dtypes, head dims 64, 128 and 192 / 128, counted
 // so that a silent fallback to the own kernel fails.
 TEST(CudaAttention, CudnnPromptsRunOnCudnn) {
   MOEX_REQUIRE_CUDA();
   if (!cuda::cudnn_attention_available()) GTEST_SKIP() << cuda::cudnn_attention_status();
   cuda::cudnn_attention_synchronous_builds(true);
   uint64_t seed = 900;
+  const int64_t dims[][2] = {{64, 64}, {128, 128}, {192, 128}};  // the last: DeepSeek's expanded MLA prompt
   for (DType dt : {DType::kBF16, DType::kF16})
-    for (int64_t d : {64, 128}) {
+    for (const auto& dd : dims) {
       Case c;
       c.dtype = dt;
-      c.dk = c.dv = d;
+      c.dk = dd[0];
+      c.dv = dd[1];
       c.heads = 8;
       c.kv_heads = 2;
       c.batch = 2;
@@ -305,7 +307,7 @@ TEST(CudaAttention, CudnnPromptsRunOnCudnn) {
       const int64_t before = cuda::cudnn_attention_calls();
       check_case(c);
       // Planned for the first prompt, forced on all three steps.
-      EXPECT_EQ(cuda::cudnn_attention_calls() - before, 4) << dtype_name(dt) << " d " << d;
+      EXPECT_EQ(cuda::cudnn_attention_calls() - before, 4) << dtype_name(dt) << " dk " << c.dk << " dv " << c.dv;
     }
   cuda::cudnn_attention_synchronous_builds(false);
 }
@@ -657,16 +659,19 @@ TEST(CudaAttentionPlan, CudnnRules) {
   cuda::AttentionShape shorter = s;
   shorter.tokens = cuda::kCudnnMinTokens - 1;
   EXPECT_EQ(cuda::plan_attention(shorter).kernel, cuda::AttentionKernel::kFlashMma);
+  cuda::AttentionShape mla = s;  // DeepSeek's expanded prompt heads
+  mla.head_dim_k = 192;
+  EXPECT_EQ(cuda::plan_attention(mla).kernel, cuda::AttentionKernel::kCudnn);
   // What cuDNN does not take: no library (or capturing), float32, eager rounding, sinks / windows /
-  // left padding, values from keys, unequal or too wide head dims, act != cache, misalignment.
+  // left padding, values from keys, head dims above 256 or not multiples of 8, act != cache,
+  // misalignment.
   for (auto mutate : {+[](cuda::AttentionShape& x) { x.cudnn = false; },
                       +[](cuda::AttentionShape& x) { x.cache = x.act = DType::kF32; },
                       +[](cuda::AttentionShape& x) { x.eager = true; },
                       +[](cuda::AttentionShape& x) { x.plain_causal = false; },
                       +[](cuda::AttentionShape& x) { x.v_from_k = true; },
-                      +[](cuda::AttentionShape& x) { x.head_dim_k = 192; },
-                      +[](cuda::AttentionShape& x) { x.head_dim_k = x.head_dim_v = 256; },
-                      +[](cuda::AttentionShape& x) { x.head_dim_k = x.head_dim_v = 36; },
+                      +[](cuda::AttentionShape& x) { x.head_dim_k = 320; },
+                      +[](cuda::AttentionShape& x) { x.head_dim_v = 36; },
                       +[](cuda::AttentionShape& x) { x.act = DType::kF32; },
                       +[](cuda::AttentionShape& x) { x.aligned16 = false; }}) {
     cuda::AttentionShape x = s;

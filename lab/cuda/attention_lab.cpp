@@ -30,7 +30,9 @@ Tensor random_device(int64_t rows, int64_t width, std::mt19937& rng) {
 // One case: B sequences whose cache holds `past` columns, then a step of T tokens (prefill when
 // past = 0), heads / kv_heads of width d; median ms of the attention call alone, with the planned
 // kernel and, for the flash kernel, with each block shape it has ("variant").
-void run_case(const char* name, int64_t B, int64_t past, int64_t T, int64_t heads, int64_t kv_heads, int64_t d) {
+void run_case(const char* name, int64_t B, int64_t past, int64_t T, int64_t heads, int64_t kv_heads, int64_t d,
+              int64_t dv = 0) {
+  if (dv == 0) dv = d;
   std::mt19937 rng(1);
   const Device dev = Device::cuda(0);
   ops::KVCache cache(B, 1, past + T);
@@ -38,16 +40,17 @@ void run_case(const char* name, int64_t B, int64_t past, int64_t T, int64_t head
   if (past > 0) {
     ops::Step s(B, past, 0);
     ops::make_device_step(s, dev);
-    ops::kv_append(kv, random_device(B * past, kv_heads * d, rng), random_device(B * past, kv_heads * d, rng), s);
+    ops::kv_append(kv, random_device(B * past, kv_heads * d, rng), random_device(B * past, kv_heads * dv, rng), s);
   }
   ops::Step step(B, T, past);
   ops::make_device_step(step, dev);
-  ops::kv_append(kv, random_device(B * T, kv_heads * d, rng), random_device(B * T, kv_heads * d, rng), step);
+  ops::kv_append(kv, random_device(B * T, kv_heads * d, rng), random_device(B * T, kv_heads * dv, rng), step);
   const Tensor q = random_device(B * T, heads * d, rng);
   ops::AttentionSpec spec;
   spec.heads = heads;
   spec.kv_heads = kv_heads;
-  spec.head_dim_k = spec.head_dim_v = d;
+  spec.head_dim_k = d;
+  spec.head_dim_v = dv;
   spec.scale = 1.0f / std::sqrt(float(d));
   const ops::cuda::AttentionShape shape = ops::cuda::attention_shape_of(q, kv, step, spec, DType::kBF16);
   const ops::cuda::AttentionPlan planned = ops::cuda::plan_attention(shape);
@@ -62,7 +65,7 @@ void run_case(const char* name, int64_t B, int64_t past, int64_t T, int64_t head
   if (flash.kernel == ops::cuda::AttentionKernel::kFlashMma) {
     if (!(flash == planned)) plans.push_back(flash);
     for (ops::cuda::FlashBlock b : ops::cuda::kFlashBlocks)
-      if (b != flash.flash_block && ops::cuda::flash_block_fits(b, d, d)) plans.push_back({flash.kernel, 1, b});
+      if (b != flash.flash_block && ops::cuda::flash_block_fits(b, d, dv)) plans.push_back({flash.kernel, 1, b});
   }
   // Decode: both split kernels over other split counts (the plan sizes them from the capacity).
   if (flash.kernel != ops::cuda::AttentionKernel::kFlashMma) {
@@ -83,8 +86,8 @@ void run_case(const char* name, int64_t B, int64_t past, int64_t T, int64_t head
     // Causal pairs (query, key) and the flops of q.k and p.v over them.
     double pairs = 0;
     for (int64_t t = 0; t < T; ++t) pairs += double(past + t + 1);
-    const double flops = 4.0 * double(B) * double(heads) * double(d) * pairs;
-    const double bytes = 2.0 * double(B) * double(past + T) * double(kv_heads) * d * 2;  // k and v, bf16
+    const double flops = 2.0 * double(B) * double(heads) * double(d + dv) * pairs;
+    const double bytes = 2.0 * double(B) * double(past + T) * double(kv_heads) * double(d + dv);  // k and v, bf16
     std::printf("{\"case\": \"%s\", \"engine\": \"moex\", \"variant\": \"%s\", \"batch\": %lld, "
                 "\"past\": %lld, \"tokens\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, "
                 "\"ms\": %.4f, \"tflops\": %.1f, \"kv_gbps\": %.0f, \"first_call_ms\": %.1f}\n",
@@ -119,5 +122,8 @@ int main() {
   // New lengths: cuDNN's first_call_ms is the cost of planning a shape.
   for (int64_t t : {1000, 3000}) run_case("qwen prefill, new lengths", 1, 0, t, 16, 16, 128);
   run_case("128 heads prefill 4096", 1, 0, 4096, 128, 128, 128);
+  // DeepSeek-V3's expanded MLA prompt: 128 heads, q / k 192 wide, v 128.
+  run_case("deepseek mla prefill 4096", 1, 0, 4096, 128, 128, 192, 128);
+  run_case("deepseek mla prefill 8 x 128", 8, 0, 128, 128, 128, 192, 128);
   return 0;
 }

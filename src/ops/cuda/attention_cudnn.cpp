@@ -98,15 +98,15 @@ cudnnHandle_t handle_for(int device) {
   return h;
 }
 
-// A graph per shape: device, dtype, batch, heads, kv heads, head dim, new tokens, cached columns,
+// A graph per shape: device, dtype, batch, heads, kv heads, head dims of k and v, new tokens, cached columns,
 // cache capacity (the stride between sequences; 0 for one sequence, where none is read), scale.
-using Key = std::tuple<int, int, int, int, int, int, int64_t, int64_t, int64_t, float>;
+using Key = std::tuple<int, int, int, int, int, int, int, int64_t, int64_t, int64_t, float>;
 enum : int64_t { kQ = 1, kK = 2, kV = 3, kO = 4 };
 
 // What building a graph needs, copied off the call (the builder may run after it returned).
 struct Shape {
   int elem = kAttnBF16;
-  int64_t B = 1, H = 1, G = 1, T = 1, past = 0, D = 0, C = 0;
+  int64_t B = 1, H = 1, G = 1, T = 1, past = 0, D = 0, Dv = 0, C = 0;
   float scale = 1.f;
 };
 
@@ -118,7 +118,7 @@ struct Entry {
 };
 
 void build(const Shape& x, cudnnHandle_t h, Entry& out) {
-  const int64_t B = x.B, H = x.H, G = x.G, T = x.T, D = x.D, S = x.past + x.T, C = x.C > 0 ? x.C : S;
+  const int64_t B = x.B, H = x.H, G = x.G, T = x.T, D = x.D, Dv = x.Dv, S = x.past + x.T, C = x.C > 0 ? x.C : S;
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(x.elem == kAttnBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -129,8 +129,8 @@ void build(const Shape& x, cudnnHandle_t h, Entry& out) {
       {T * H * D, D, H * D, 1}));
   auto k = g->tensor(fe::graph::Tensor_attributes().set_name("k").set_uid(kK).set_dim({B, G, S, D}).set_stride(
       {C * G * D, D, G * D, 1}));
-  auto v = g->tensor(fe::graph::Tensor_attributes().set_name("v").set_uid(kV).set_dim({B, G, S, D}).set_stride(
-      {C * G * D, D, G * D, 1}));
+  auto v = g->tensor(fe::graph::Tensor_attributes().set_name("v").set_uid(kV).set_dim({B, G, S, Dv}).set_stride(
+      {C * G * Dv, Dv, G * Dv, 1}));
   auto opts =
       fe::graph::SDPA_attributes().set_name("prompt_attention").set_generate_stats(false).set_attn_scale(x.scale);
   // Query t of the step sits at column past + t: it sees columns [0, past + t].
@@ -138,7 +138,7 @@ void build(const Shape& x, cudnnHandle_t h, Entry& out) {
   else opts.set_causal_mask_bottom_right(true);
   auto [o, stats] = g->sdpa(q, k, v, opts);
   (void)stats;
-  o->set_output(true).set_uid(kO).set_dim({B, H, T, D}).set_stride({T * H * D, D, H * D, 1});
+  o->set_output(true).set_uid(kO).set_dim({B, H, T, Dv}).set_stride({T * H * Dv, Dv, H * Dv, 1});
   auto check = [&](fe::error_t e, const char* stage) {
     if (e.is_good()) return true;
     out.why = std::string(stage) + ": " + e.get_message();
@@ -243,16 +243,16 @@ CudnnLaunch launch_attention_cudnn(const AttentionArgs& a, int64_t past, int dev
     if (why) *why = library().status;
     return CudnnLaunch::kUnsupported;
   }
-  if (a.elem != a.act || a.elem == kAttnF32 || a.dk != a.dv || a.eager || a.v_from_k || a.sinks || a.window) {
-    if (why) *why = "cuDNN attention takes bf16 / f16 sdpa without sinks or windows, equal head dims";
+  if (a.elem != a.act || a.elem == kAttnF32 || a.eager || a.v_from_k || a.sinks || a.window) {
+    if (why) *why = "cuDNN attention takes bf16 / f16 sdpa without sinks or windows, separate keys and values";
     return CudnnLaunch::kUnsupported;
   }
   Shape x;
   x.elem = a.elem;
-  x.B = a.batch, x.H = a.heads, x.G = a.kv_heads, x.T = a.tokens, x.past = past, x.D = a.dk;
+  x.B = a.batch, x.H = a.heads, x.G = a.kv_heads, x.T = a.tokens, x.past = past, x.D = a.dk, x.Dv = a.dv;
   x.C = a.batch > 1 ? a.capacity : 0;
   x.scale = a.scale;
-  const Key key{device, x.elem, int(x.B), int(x.H), int(x.G), int(x.D), x.T, x.past, x.C, x.scale};
+  const Key key{device, x.elem, int(x.B), int(x.H), int(x.G), int(x.D), int(x.Dv), x.T, x.past, x.C, x.scale};
   // At most kMaxGraphs shapes are kept (a server sees many prompt lengths); the oldest goes first
   // (a call still executing it holds its own reference).
   constexpr size_t kMaxGraphs = 256;

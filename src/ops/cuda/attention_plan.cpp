@@ -57,8 +57,9 @@ bool split_vec_applies(const AttentionShape& s) {
 
 bool cudnn_applies(const AttentionShape& s) {
   const bool half = s.cache == DType::kBF16 || s.cache == DType::kF16;
+  auto dim_ok = [](int64_t d) { return d > 0 && d % 8 == 0 && d <= 256; };
   return s.cudnn && half && s.act == s.cache && !s.eager && !s.v_from_k && s.plain_causal && s.aligned16 &&
-         s.head_dim_k == s.head_dim_v && s.head_dim_k % 8 == 0 && s.head_dim_k > 0 && s.head_dim_k <= 128;
+         dim_ok(s.head_dim_k) && dim_ok(s.head_dim_v);
 }
 
 int split_vec_queries(int64_t tokens_x_group) {
@@ -118,7 +119,7 @@ void check_attention_plan(const AttentionPlan& p, const AttentionShape& s) {
     throw InvalidInput("attention plan: cuDNN attention needs the library loaded (" +
                        std::string(s.cudnn ? "it is" : "it is not") + "), bf16 / f16 with act equal to the cache "
                        "dtype, causal sdpa without sinks, window or left padding, separate keys and values and "
-                       "equal head dims, multiples of 8 up to 128 (got " + std::string(dtype_name(s.cache)) +
+                       "head dims that are multiples of 8 up to 256 (got " + std::string(dtype_name(s.cache)) +
                        " k " + std::to_string(s.head_dim_k) + " v " + std::to_string(s.head_dim_v) + ")");
   if (p.kernel != AttentionKernel::kFlashMma && p.kernel != AttentionKernel::kCudnn && (p.splits < 1 || p.splits > 65535))
     throw InvalidInput("attention plan: splits " + std::to_string(p.splits) + " outside [1, 65535]");

@@ -29,7 +29,8 @@ enum class AttentionKernel : unsigned char {
   kSplitVec,
   // cuDNN's fused flash attention (attention_cudnn.hpp), loaded at run time: prompts of bf16 / f16
   // with act == the cache dtype, sdpa semantics, causal only (no sinks, window or left padding),
-  // separate K and V with equal head dims, multiples of 8 up to 128; never inside a graph capture.
+  // separate K and V, head dims multiples of 8 up to 256 (DeepSeek's expanded 192 / 128 too; a
+  // shape cuDNN has no engine for runs the flash kernel); never inside a graph capture.
   kCudnn,
 };
 const char* attention_kernel_name(AttentionKernel k);
