@@ -1,5 +1,5 @@
 """moex's experts backends inside transformers (5.x): `register()` adds `moex_eager`,
-`moex_batched_mm` and `moex_grouped_mm` to transformers' ExpertsInterface, so that
+`moex_batched_mm`, `moex_grouped_mm` and `moex_auto` to transformers' ExpertsInterface, so that
 
     moex.transformers.register()
     model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="moex_grouped_mm")
@@ -17,7 +17,10 @@ How it fits transformers (transformers/integrations/moe.py):
   so torch.compile traces it as one node instead of breaking the graph.
 - transformers' generate switches "grouped_mm" to "batched_mm" for the decode stage on non-CPU
   devices, by name. register() extends that switch to "moex_grouped_mm" -> "moex_batched_mm"
-  (same condition, same restore), so the moex names behave as transformers' own.
+  (same condition, same restore), so the moex names behave as transformers' own. `moex_auto`
+  is left as it is: it picks grouped_mm or batched_mm per call size itself, from both backends'
+  times measured on the GPU at its first call of a shape (include/moex/experts_auto.hpp), so
+  that first call must come before any graph capture (torch.compile's warm-up runs do that).
 - Backend preparation (the CPU grouped_mm packs the weights) is cached per weight tensor and
   redone when the weights change (data pointer, shape, strides or in-place version).
 """
@@ -27,7 +30,7 @@ import weakref
 
 from . import _arrays, _moex
 
-BACKENDS = ("eager", "batched_mm", "grouped_mm")
+BACKENDS = ("eager", "batched_mm", "grouped_mm", "auto")
 _lock = threading.Lock()
 _registered = False
 # id(gate_up weight tensor) -> (weak reference to it, signature, moex Experts). Not a
@@ -214,8 +217,8 @@ def _patch_decode_switch():
 
 
 def register():
-    """Registers moex_eager, moex_batched_mm and moex_grouped_mm in transformers' experts
-    interface (idempotent). Returns the registered names."""
+    """Registers moex_eager, moex_batched_mm, moex_grouped_mm and moex_auto in transformers'
+    experts interface (idempotent). Returns the registered names."""
     global _registered
     from transformers.integrations.moe import ExpertsInterface
 

@@ -62,7 +62,7 @@ class TransformersBackend(unittest.TestCase):
     def test_registered(self):
         from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
-        self.assertEqual(self.names, ["moex_eager", "moex_batched_mm", "moex_grouped_mm"])
+        self.assertEqual(self.names, ["moex_eager", "moex_batched_mm", "moex_grouped_mm", "moex_auto"])
         for n in self.names:
             self.assertIn(n, list(ALL_EXPERTS_FUNCTIONS))
         self.assertEqual(moex.transformers.register(), self.names)  # idempotent
@@ -163,6 +163,8 @@ class TransformersBackend(unittest.TestCase):
         self.assertEqual(moex.transformers.decode_stage_map({"": "moex_grouped_mm", "v": "eager"}, "cuda"),
                          {"": "moex_batched_mm", "v": "eager"})
         self.assertEqual(moex.transformers.decode_stage_map({"": "moex_grouped_mm"}, "cpu"), {"": "moex_grouped_mm"})
+        # moex_auto chooses per call size itself: no switch.
+        self.assertEqual(moex.transformers.decode_stage_map({"": "moex_auto"}, "cuda"), {"": "moex_auto"})
         seen = []
         state = {"impl": {"": "moex_grouped_mm", "text_config": "moex_grouped_mm"}}
         fake = types.SimpleNamespace(
