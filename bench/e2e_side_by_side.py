@@ -29,6 +29,14 @@ from hf_checkpoints import log, make_checkpoint, resolve  # noqa: E402
 
 
 def time_transformers(path, impl, cases, new_tokens, repeats, torch, transformers):
+    """impl: an experts implementation, optionally with "+static": a static cache, with which
+    transformers' generate compiles the decoding forward itself (torch.compile, its default
+    compile config); the warm-up generates of each case (one per generate length) pay the
+    compilation."""
+    name = impl
+    impl, _, variant = impl.partition("+")
+    if variant not in ("", "static"):
+        raise ValueError("--hf-impls: unknown variant %r in %r (known: +static)" % (variant, name))
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     try:  # straight to the device where accelerate is installed
         m = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map=dev,
@@ -39,6 +47,8 @@ def time_transformers(path, impl, cases, new_tokens, repeats, torch, transformer
         m = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
                                                               experts_implementation=impl).to(dev)
     m.eval()
+    if variant == "static":
+        m.generation_config.cache_implementation = "static"
     rows = []
     g = torch.Generator(device="cpu").manual_seed(0)
 
@@ -58,19 +68,24 @@ def time_transformers(path, impl, cases, new_tokens, repeats, torch, transformer
         ids = torch.randint(0, m.config.vocab_size, (B, P), generator=g).to(dev)
         try:
             run(ids, 2)  # warm-up
+            if variant == "static":
+                # A static cache is sized by prompt + max_new_tokens: each length the timed runs
+                # use is its own compiled shape, compiled here and not in the clock.
+                run(ids, 1)
+                run(ids, new_tokens)
             pre = statistics.median(run(ids, 1) for _ in range(repeats))
             full = statistics.median(run(ids, new_tokens) for _ in range(repeats))
         except torch.OutOfMemoryError:
-            log("transformers %s B=%d P=%d: out of memory" % (impl, B, P))
+            log("transformers %s B=%d P=%d: out of memory" % (name, B, P))
             if dev == "cuda":
                 torch.cuda.empty_cache()
             continue
         dec = max(full - pre, 1e-9)
-        rows.append(dict(engine="transformers", impl=impl, batch=B, prompt_tokens=P,
+        rows.append(dict(engine="transformers", impl=name, batch=B, prompt_tokens=P,
                          prefill_tokens_per_second=B * P / pre,
                          decode_tokens_per_second=B * (new_tokens - 1) / dec))
         log("transformers %s B=%d P=%d: prefill %.0f tok/s, decode %.1f tok/s" % (
-            impl, B, P, rows[-1]["prefill_tokens_per_second"], rows[-1]["decode_tokens_per_second"]))
+            name, B, P, rows[-1]["prefill_tokens_per_second"], rows[-1]["decode_tokens_per_second"]))
     del m
     if dev == "cuda":
         torch.cuda.empty_cache()
@@ -152,7 +167,8 @@ def main():
     ap.add_argument("--cases", default="1x128,32x128,1x4096", help="BATCHxPROMPT,...")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--hf-impls", default="batched_mm,grouped_mm", help="'none' skips transformers")
+    ap.add_argument("--hf-impls", default="batched_mm,grouped_mm",
+                    help="'none' skips transformers; NAME+static: static cache (generate compiles the decode step)")
     ap.add_argument("--moex-impls", default="grouped_mm")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--work", default="/tmp/moex_e2e")
