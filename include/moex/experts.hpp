@@ -72,6 +72,11 @@ struct QuantScheme {
   DType scale_dtype = DType::kF32;  // kF32 or kF8E8M0 (UE8M0, power-of-two)
   int64_t block_n = 128;            // rows of W per scale (FP4: 1)
   int64_t block_k = 128;            // columns of W per scale (FP4: 32)
+  // Where the activations' scales come from: computed per row and 128-wide K block at run time
+  // ("dynamic", what every moex backend does), or fixed in the checkpoint ("static"). The loader
+  // refuses static checkpoints; a hand-built spec that says static is refused by every backend
+  // (ExpertsBackend::unsupported_reason) instead of being run with dynamic scales.
+  enum class Activations : unsigned char { kDynamic, kStatic } activations = Activations::kDynamic;
   bool quantized() const { return kind != Kind::kNone; }
 };
 

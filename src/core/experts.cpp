@@ -244,6 +244,9 @@ std::string ExpertsBackend::unsupported_reason(const ExpertsSpec& spec, DType dt
   }
   if (spec.quant.quantized() && !c.quantized_weights)
     return "does not accept quantized (FP8 / FP4) expert weights in this build";
+  if (spec.quant.quantized() && spec.quant.activations == QuantScheme::Activations::kStatic)
+    return "quantizes activations at run time (activation_scheme 'dynamic'); static activation "
+           "scales are not supported";
   return {};
 }
 
