@@ -89,6 +89,16 @@ ExpertsArgs args_of(const ExpertsProblem& pr, Tensor& out) {
   return a;
 }
 
+DeviceDescription describe_cuda_device(int device) {
+  const DeviceInfo& i = device_info(device);
+  DeviceDescription d;
+  d.cuda = true;
+  d.cc_major = i.major;
+  d.cc_minor = i.minor;
+  d.name = i.name;
+  return d;
+}
+
 BackendCaps CudaExpertsBackend::caps() const {
   BackendCaps c;
   c.devices = {DeviceKind::kCUDA};

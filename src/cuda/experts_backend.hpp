@@ -18,12 +18,16 @@
 #include <string>
 
 #include "cuda/experts_ops.hpp"
+#include "moex/backend_requirements.hpp"
 #include "moex/experts.hpp"
 
 namespace moex::cuda {
 
 // The validated problem as raw pointers and sizes for the ops tier.
 ExpertsArgs args_of(const ExpertsProblem& p, Tensor& out);
+
+// What the requirement checks (moex/backend_requirements.hpp) know of CUDA device `device`.
+DeviceDescription describe_cuda_device(int device);
 
 class CudaExpertsBackend : public ExpertsBackend {
  public:

@@ -170,6 +170,30 @@ ExpertsPlan plan_grouped_mm(const ExpertsShape& s, const DeviceTraits& d) {
   return p;
 }
 
+ExpertsPlan plan_deepgemm(const ExpertsShape& s, const DeviceTraits& d) {
+  if (!s.aligned16)
+    throw InvalidInput("deepgemm: the hidden states and the expert weights must start on 16-byte "
+                       "boundaries (TMA); use grouped_mm for unaligned views");
+  ExpertsPlan p;
+  p.tile_rows = 128;
+  p.raster_tiles = 8;
+  if (s.quantized) {
+    p.gemm = GemmPath::kWgmmaFp8;
+    p.b_rows = 128;
+  } else {
+    // Few rows per expert (decode): 64-row tiles on one consumer warpgroup, as grouped_mm's
+    // wgmma plans; each expert's weights are still read once.
+    const int64_t active = std::max<int64_t>(1, std::min<int64_t>(s.experts, s.pairs));
+    p.gemm = GemmPath::kWgmma;
+    p.tile_rows = s.pairs / active <= 48 ? 64 : 128;
+    p.b_rows = 256;
+    p.pingpong_down = p.tile_rows == 128 && s.intermediate <= 2048;  // (grouped_mm's, measured there)
+    p.raster_tiles = 1024 / p.tile_rows;
+  }
+  check_plan(p, s, d);
+  return p;
+}
+
 void check_plan(const ExpertsPlan& p, const ExpertsShape& s, const DeviceTraits& d) {
   auto fail = [](const std::string& why) { throw InvalidInput("experts plan: " + why); };
   if (s.quantized && p.gemm != GemmPath::kSimt && p.gemm != GemmPath::kGemv &&

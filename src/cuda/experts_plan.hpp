@@ -90,6 +90,14 @@ ExpertsPlan plan_grouped_mm(const ExpertsShape& s, const DeviceTraits& d);
 // kQuantGemvMaxTokens) where it applies; grouped_mm above that on FP8 tensor cores where
 // wgmma_fp8_applies (128-row tiles); else the CUDA-core tile kernel.
 inline constexpr int64_t kQuantGemvMaxTokens = 16;
+// deepgemm: the Hopper tensor-core kernels at every size, never another path: bf16 experts on
+// the TMA + wgmma kernel (64-row tiles while experts average at most 48 rows, else 128), FP8
+// experts on its e4m3 form (128-row tiles), over the contiguous layout (pairs sorted by expert on
+// the device, each expert's rows starting a new tile, so no tile straddles two experts:
+// DeepGEMM's M-grouped contiguous layout without the padded copy).
+// Throws InvalidInput naming the condition when those kernels cannot run the call (the spec-level
+// conditions are deepgemm_unsupported's; this adds the pointers' 16-byte alignment).
+ExpertsPlan plan_deepgemm(const ExpertsShape& s, const DeviceTraits& d);
 // batched_mm: one 16-row mma.sync tile per (token, slot) pair, or one SIMT tile.
 ExpertsPlan plan_batched_mm(const ExpertsShape& s, const DeviceTraits& d);
 // Throws InvalidInput naming the field when `p` cannot run this shape on this device (a plan set

@@ -1,0 +1,280 @@
+// The "deepgemm" experts backend on a GPU: bf16 experts against the float64 reference and FP8
+// experts against the bounded quantized reference (float and UE8M0 scales), over every routing
+// case, T from 1 to 1000, ungated and biased specs and K / N tails; a captured CUDA graph
+// replayed with new routing, bit for bit equal to direct launches; the requirement errors a user
+// meets on a Hopper GPU; and the transformers fixtures (bf16 models, FP8 checkpoints) run through
+// it. The plan (always the Hopper tensor-core kernels, never another path) is checked without a
+// GPU. GPU tests skip cleanly where no GPU exists; on a GPU other than Hopper they check the
+// refusal instead.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "moex/bench.hpp"
+#include "moex/error.hpp"
+#include "moex/experts.hpp"
+#include "moex/model.hpp"
+#include "moex/safetensors.hpp"
+#include "support/test_support.hpp"
+
+#ifndef MOEX_WITH_CUDA
+
+TEST(CudaDeepGemm, SkippedInCpuOnlyBuild) { GTEST_SKIP() << "built without CUDA (MOEX_CUDA=OFF)"; }
+
+#else
+
+#include "cuda/experts_backend.hpp"
+#include "cuda/experts_ops.hpp"
+#include "cuda/runtime.hpp"
+
+using namespace moex;
+using namespace moex::test;
+namespace mc = moex::cuda;
+
+namespace {
+
+// Hopper's FP8 tensor cores keep about 14 bits in their block sums (see test_cuda_quant.cpp).
+constexpr double kFp8TensorCoreUnitRoundoff = 1.0 / 8192;
+
+bool on_hopper() {
+  return mc::device_count() > 0 && mc::traits_of(mc::current_device()).hopper();
+}
+
+#define SKIP_WITHOUT_HOPPER()                                            \
+  if (mc::device_count() == 0) GTEST_SKIP() << "no CUDA device";         \
+  if (!on_hopper()) GTEST_SKIP() << "not a Hopper GPU (CC 9.0): see RefusedOffHopper"
+
+Tensor on_gpu(const Tensor& t) { return t.defined() ? t.to(Device::cuda()) : t; }
+
+ExpertsSpec bf16_spec(int64_t E, int64_t H, int64_t I, bool gated = true, bool bias = false,
+                      Activation act = Activation::kSilu) {
+  ExpertsSpec s;
+  s.num_experts = E;
+  s.hidden = H;
+  s.intermediate = I;
+  s.has_gate = gated;
+  s.has_bias = bias;
+  s.act = act;
+  return s;
+}
+
+mc::ExpertsShape shape(bool fp8, int64_t T, int64_t k, int E, int H, int I) {
+  mc::ExpertsShape s;
+  s.elem = mc::Elem::kBF16;
+  s.tokens = T;
+  s.pairs = T * k;
+  s.experts = E;
+  s.hidden = H;
+  s.intermediate = I;
+  s.quantized = fp8;
+  return s;
+}
+
+// The plan is the Hopper kernels at every size (no GEMV, no mma.sync, no SIMT under this name).
+TEST(CudaDeepGemmPlan, HopperKernelsAtEverySize) {
+  const mc::DeviceTraits h100{9, 0, 132};
+  for (int64_t T : {1, 4, 16, 17, 256, 8192}) {
+    const mc::ExpertsPlan bf16 = mc::plan_deepgemm(shape(false, T, 8, 256, 7168, 2048), h100);
+    EXPECT_EQ(bf16.gemm, mc::GemmPath::kWgmma) << T;
+    EXPECT_EQ(bf16.tile_rows, T * 8 / 256 <= 48 ? 64 : 128) << T;
+    const mc::ExpertsPlan fp8 = mc::plan_deepgemm(shape(true, T, 8, 256, 7168, 2048), h100);
+    EXPECT_EQ(fp8.gemm, mc::GemmPath::kWgmmaFp8) << T;
+    EXPECT_EQ(fp8.tile_rows, 128) << T;
+  }
+  mc::ExpertsShape unaligned = shape(false, 4, 2, 8, 256, 128);
+  unaligned.aligned16 = false;
+  EXPECT_THROW(mc::plan_deepgemm(unaligned, h100), InvalidInput);
+  // Off Hopper the plan refuses (the backend refuses earlier, with the requirement's words).
+  EXPECT_THROW(mc::plan_deepgemm(shape(false, 4, 2, 8, 256, 128), mc::DeviceTraits{8, 9, 128}), InvalidInput);
+}
+
+TEST(CudaDeepGemm, Bf16AgainstReference) {
+  SKIP_WITHOUT_HOPPER();
+  struct Case {
+    ExpertsSpec spec;
+    int64_t k;
+  };
+  const Case cases[] = {
+      {bf16_spec(8, 256, 128), 2},                       // small DeepSeek-like
+      {bf16_spec(9, 136, 72), 3},                        // K, N not multiples of 64: TMA tails
+      {bf16_spec(5, 264, 200, true, true), 2},           // biases
+      {bf16_spec(6, 128, 96, false), 2},                 // ungated
+      {bf16_spec(4, 192, 64, true, false, Activation::kGeluTanh), 2},
+  };
+  uint64_t seed = 9100;
+  for (const Case& c : cases)
+    for (int64_t T : {1, 7, 64, 300, 1000})
+      for (RoutingCase rc : {RoutingCase::kRandom, RoutingCase::kEmptyExperts, RoutingCase::kDuplicates,
+                             RoutingCase::kSentinels})
+        check_experts_case(Device::cuda(), "deepgemm", c.spec, DType::kBF16, T, c.k, rc, ++seed);
+  // int32 ids and [T, E] routing weights.
+  check_experts_case(Device::cuda(), "deepgemm", bf16_spec(8, 256, 128), DType::kBF16, 50, 2,
+                     RoutingCase::kRandom, ++seed, /*per_expert_weights=*/true, DType::kI32);
+}
+
+TEST(CudaDeepGemm, Fp8AgainstBoundedReference) {
+  SKIP_WITHOUT_HOPPER();
+  struct Case {
+    int64_t E, H, I, k;
+  };
+  const Case cases[] = {{8, 256, 128, 2}, {9, 272, 80, 3}, {5, 400, 208, 2}};
+  uint64_t seed = 9300;
+  for (const Case& c : cases)
+    for (DType sd : {DType::kF32, DType::kF8E8M0})
+      for (int64_t T : {1, 5, 17, 300})
+        for (RoutingCase rc : {RoutingCase::kRandom, RoutingCase::kDuplicates, RoutingCase::kSentinels,
+                               RoutingCase::kEmptyExperts}) {
+          const ExpertsSpec s = quantized_spec(QuantScheme::Kind::kFp8E4M3, sd, c.E, c.H, c.I);
+          const ExpertsWeights w = random_quantized_experts_weights(s, ++seed);
+          const Routing r = random_routing(s, T, c.k, DType::kBF16, ++seed, rc);
+          SCOPED_TRACE(s.str() + " scales " + std::string(dtype_name(sd)) + " T=" + std::to_string(T) + " " +
+                       routing_case_name(rc) + " seed=" + std::to_string(seed));
+          const QuantizedReference ref = experts_reference_f64_bounded(
+              s, w, r.hidden, r.top_k_index, r.top_k_weights, kFp8TensorCoreUnitRoundoff);
+          const Tensor out = experts_forward("deepgemm", s, experts_weights_to(w, Device::cuda()), on_gpu(r.hidden),
+                                             on_gpu(r.top_k_index), on_gpu(r.top_k_weights))
+                                 .to(Device::cpu());
+          const double norm = l2_f64(ref.out);
+          const double bound = experts_tolerance(DType::kBF16, std::max(c.H, c.I)) * norm + ref.crossing_bound +
+                               ref.accumulation_bound;
+          EXPECT_LE(l2_diff(out, ref.out), bound) << "relative " << l2_diff(out, ref.out) / std::max(norm, 1e-300);
+        }
+}
+
+// One call captured into a CUDA graph and replayed with new routing written into the same
+// device tensors: every replay equals a direct launch on that routing, bit for bit.
+TEST(CudaDeepGemm, GraphReplayEqualsDirectLaunches) {
+  SKIP_WITHOUT_HOPPER();
+  for (bool fp8 : {false, true})
+    for (int64_t T : {3, 200}) {
+      const ExpertsSpec s = fp8 ? quantized_spec(QuantScheme::Kind::kFp8E4M3, DType::kF32, 8, 256, 128)
+                                : bf16_spec(8, 256, 128);
+      const ExpertsWeights w = fp8 ? random_quantized_experts_weights(s, 9501)
+                                   : random_experts_weights(s, DType::kBF16, 9501);
+      Experts experts(s, experts_weights_to(w, Device::cuda()));
+      const Routing r0 = random_routing(s, T, 2, DType::kBF16, 9502, RoutingCase::kRandom);
+      Tensor hidden = on_gpu(r0.hidden), idx = on_gpu(r0.top_k_index), tw = on_gpu(r0.top_k_weights);
+      (void)experts.forward("deepgemm", hidden, idx, tw);  // warm: workspace cached
+      mc::synchronize();
+      cudaStream_t stream = mc::current_stream();
+      cudaGraph_t graph = nullptr;
+      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      Tensor out = experts.forward("deepgemm", hidden, idx, tw);
+      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+      cudaGraphExec_t exec = nullptr;
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      for (int round = 0; round < 3; ++round) {
+        const RoutingCase rc = round == 0 ? RoutingCase::kDuplicates
+                               : round == 1 ? RoutingCase::kSentinels
+                                            : RoutingCase::kEmptyExperts;
+        const Routing r = random_routing(s, T, 2, DType::kBF16, 9510 + round, rc);
+        for (auto [dst, src] : {std::pair<Tensor*, const Tensor*>{&hidden, &r.hidden},
+                                {&idx, &r.top_k_index}, {&tw, &r.top_k_weights}})
+          mc::copy_bytes(dst->raw(), dst->device(), src->raw(), Device::cpu(), dst->nbytes());
+        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+        mc::synchronize();
+        const Tensor replayed = out.to(Device::cpu());
+        const Tensor direct = experts.forward("deepgemm", hidden, idx, tw).to(Device::cpu());
+        ASSERT_EQ(replayed.nbytes(), direct.nbytes());
+        EXPECT_EQ(std::memcmp(replayed.raw(), direct.raw(), direct.nbytes()), 0)
+            << "fp8=" << fp8 << " T=" << T << " round " << round;
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+}
+
+// What a user meets on the H200 when deepgemm cannot run the call: one Unsupported / InvalidInput
+// naming the requirement, never a result from another path.
+TEST(CudaDeepGemm, RequirementErrorsOnHopper) {
+  SKIP_WITHOUT_HOPPER();
+  auto expect_refusal = [](const ExpertsSpec& s, const ExpertsWeights& w, DType act, const char* needle) {
+    const Routing r = random_routing(s, 4, 2, act, 9601, RoutingCase::kRandom);
+    try {
+      (void)experts_forward("deepgemm", s, experts_weights_to(w, Device::cuda()), on_gpu(r.hidden),
+                            on_gpu(r.top_k_index), on_gpu(r.top_k_weights));
+      ADD_FAILURE() << "deepgemm ran " << s.str() << " in " << dtype_name(act);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const ExpertsSpec bf = bf16_spec(8, 256, 128);
+  expect_refusal(bf, random_experts_weights(bf, DType::kF16, 1), DType::kF16, "bfloat16");
+  expect_refusal(bf, random_experts_weights(bf, DType::kF32, 1), DType::kF32, "bfloat16");
+  const ExpertsSpec fp4 = quantized_spec(QuantScheme::Kind::kFp4E2M1, DType::kF8E8M0, 8, 256, 128);
+  expect_refusal(fp4, random_quantized_experts_weights(fp4, 2), DType::kBF16, "FP4");
+  ExpertsSpec tr = bf;
+  tr.is_transposed = true;
+  expect_refusal(tr, random_experts_weights(tr, DType::kBF16, 3), DType::kBF16, "transposed");
+  // (Unaligned pointers: CudaDeepGemmPlan.HopperKernelsAtEverySize.)
+}
+
+// On a GPU that is not Hopper the backend refuses every call with the requirement.
+TEST(CudaDeepGemm, RefusedOffHopper) {
+  if (mc::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  if (on_hopper()) GTEST_SKIP() << "a Hopper GPU: RequirementErrorsOnHopper";
+  const std::string why =
+      get_experts_backend("deepgemm")->unsupported_reason(bf16_spec(8, 256, 128), DType::kBF16, Device::cuda());
+  EXPECT_NE(why.find("compute capability"), std::string::npos) << why;
+}
+
+std::unique_ptr<CausalLM> load(const std::string& dir, DType dtype, const std::string& backend) {
+  LoadOptions o;
+  o.dtype = dtype;
+  o.device = Device::cuda();
+  o.experts_implementation = {{"", backend}};
+  return from_pretrained(data_path(dir), o);
+}
+
+// The transformers fixtures through deepgemm on the GPU: bf16 models within the bf16 tolerance
+// of transformers' logits and of grouped_mm on the same GPU.
+TEST(CudaDeepGemmModels, Bf16FixturesMatchTransformers) {
+  SKIP_WITHOUT_HOPPER();
+  for (const char* model : {"qwen2_moe", "mixtral", "olmoe", "qwen3_moe", "deepseek_v3", "gpt_oss"}) {
+    auto ref = SafetensorsFile::open(data_path(std::string("hf-tiny/") + model + "/reference.safetensors"));
+    const Tensor ids = ref->get("input_ids");
+    const std::string dir = std::string("hf-tiny/") + model + "/checkpoint_bf16";
+    const Tensor d = load(dir, DType::kBF16, "deepgemm")->logits(ids).to(Device::cpu());
+    const Tensor g = load(dir, DType::kBF16, "grouped_mm")->logits(ids).to(Device::cpu());
+    const double tol = 8.0 * std::ldexp(1.0, -8);
+    const double e_tf = rel_l2_error(d, ref->get("logits_bf16_eager")), e_g = rel_l2_error(d, g);
+    std::printf("%s deepgemm bf16: rel L2 %.3g to transformers, %.3g to grouped_mm\n", model, e_tf, e_g);
+    EXPECT_LE(e_tf, tol) << model;
+    EXPECT_LE(e_g, tol) << model;
+  }
+}
+
+// The FP8 checkpoints on the quantized path (bf16 activations, FP8 tensor cores) against the same
+// bf16 model with batched_mm's experts (the CUDA-core GEMV: exact e4m3 products in float32), so
+// that only the experts' arithmetic differs; the distance to transformers' fake-quantized float32
+// logits is printed (it is the bf16 model's, equal for every backend). The FP4 checkpoint is
+// refused on Hopper, with the reason.
+TEST(CudaDeepGemmModels, Fp8CheckpointsOnTheQuantizedPath) {
+  SKIP_WITHOUT_HOPPER();
+  for (const char* fixture : {"deepseek_v3_fp8_float", "deepseek_v3_fp8_ue8m0"}) {
+    const std::string base = std::string("hf-tiny/") + fixture;
+    auto dq = SafetensorsFile::open(data_path(base + "/dequantized_reference.safetensors"));
+    auto ref = SafetensorsFile::open(data_path(base + "/reference.safetensors"));
+    const Tensor ids = ref->get("input_ids");
+    const Tensor d = load(base + "/checkpoint", DType::kBF16, "deepgemm")->logits(ids).to(Device::cpu());
+    const Tensor b = load(base + "/checkpoint", DType::kBF16, "batched_mm")->logits(ids).to(Device::cpu());
+    const double e_b = rel_l2_error(d, b), e_tf = rel_l2_error(d, dq->get("logits_fp32_fake_quant"));
+    const double b_tf = rel_l2_error(b, dq->get("logits_fp32_fake_quant"));
+    std::printf("%s bf16: deepgemm to batched_mm %.3g; to transformers' fake-quantized fp32: deepgemm %.3g, "
+                "batched_mm %.3g\n", fixture, e_b, e_tf, b_tf);
+    EXPECT_LE(e_b, 8.0 * std::ldexp(1.0, -8)) << fixture;
+  }
+  try {
+    (void)load("hf-tiny/deepseek_v3_fp4_experts_ue8m0/checkpoint", DType::kBF16, "deepgemm");
+    ADD_FAILURE() << "deepgemm accepted FP4 experts on Hopper";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("FP4"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+#endif
