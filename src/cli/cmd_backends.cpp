@@ -11,7 +11,7 @@ namespace moex::cli {
 namespace {
 
 int run_backends(const std::vector<std::string>& argv) {
-  static const Usage kUsage{"backends", "[--json]", "List the registered experts backends: devices, dtypes, description.",
+  static const Usage kUsage{"backends", "[--json]", "List the registered experts backends: devices, dtypes, graph capture, quantized weights, description.",
                             {{"json", "", "one JSON object per backend and line"}}};
   Args args(argv, kUsage);
   for (const auto& name : experts_backend_names()) {
@@ -29,7 +29,8 @@ int run_backends(const std::vector<std::string>& argv) {
       std::string d, t;
       for (auto& s : devs) d += (d.empty() ? "" : ",") + s;
       for (auto& s : dts) t += (t.empty() ? "" : ",") + s;
-      std::printf("%-12s devices=%-22s dtypes=%-26s %s\n", name.c_str(), d.c_str(), t.c_str(),
+      std::printf("%-17s devices=%-10s dtypes=%-24s graph=%-3s quantized=%-3s %s\n", name.c_str(), d.c_str(),
+                  t.c_str(), c.graph_capturable ? "yes" : "no", c.quantized_weights ? "yes" : "no",
                   c.description.c_str());
     }
   }
