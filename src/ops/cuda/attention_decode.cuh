@@ -40,6 +40,83 @@ __device__ __forceinline__ float lane_elem(const uint4& raw, int i) {
   return to_float<T>(reinterpret_cast<const T*>(&raw)[i]);
 }
 
+// The combine of the query block's splits, run by the block whose split arrives last (the
+// threadfence-reduction pattern: each block publishes its partial state, fences, and counts
+// itself in; the one that completes the count reads every split's state through L2 and resets
+// the counter for the next call). The arithmetic is attention_combine_kernel's sdpa path, in the
+// same order, so the output has its bits. Why: at short caches the combine kernel cost ~10 us per
+// layer of a batch-1 decode step (CUPTI trace, docs/gpu_model.md), a chain of dependent L2 loads
+// (one per split, three loops) queued behind the next projection's weight stream, which
+// programmatic launch has already started. Here the loads are issued together: one round for the
+// splits' maxima and sums (a thread each), then the acc values kSplitBatch splits at a time.
+inline constexpr int kCombineMaxSplits = 64;
+inline constexpr int kSplitBatch = 8;
+
+template <int kD, int kQ>
+__device__ void combine_if_last(const SplitParams& p, int qb, int g, int b, int i0, int nq) {
+  __shared__ int last_sh;
+  __shared__ float m_sh[kQ][kCombineMaxSplits], f_sh[kQ][kCombineMaxSplits];
+  __shared__ double l_sh[kQ][kCombineMaxSplits];
+  __shared__ float inv_sh[kQ];
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int64_t c = (int64_t(b) * gridDim.y + g) * (gridDim.x / p.splits) + qb;
+    const unsigned before = atomicAdd(&p.counters[c], 1u);
+    last_sh = before == unsigned(p.splits - 1);
+    if (last_sh) p.counters[c] = 0u;
+  }
+  __syncthreads();
+  if (!last_sh) return;
+  __threadfence();
+  for (int t = threadIdx.x; t < nq * p.splits; t += kDecodeWarps * 32) {
+    const int qi = t / p.splits, sp = t % p.splits;
+    const int64_t w = int64_t(sp) * p.rows_heads + split_query_index(p, b, g, i0 + qi);
+    m_sh[qi][sp] = __ldcg(p.ws_m + w);
+    l_sh[qi][sp] = __ldcg(p.ws_l + w);
+  }
+  __syncthreads();
+  if (threadIdx.x < nq) {
+    const int qi = threadIdx.x;
+    const int h = int(split_query_index(p, b, g, i0 + qi) % p.heads);
+    float M = -INFINITY;
+    for (int sp = 0; sp < p.splits; ++sp) M = fmaxf(M, m_sh[qi][sp]);
+    const float sink = p.sinks ? moex::cuda::load_float(p.sinks, p.sinks_code, h) : -INFINITY;
+    const float Mx = fmaxf(M, sink);
+    float L = 0.f;
+    for (int sp = 0; sp < p.splits; ++sp) f_sh[qi][sp] = 0.f;
+    if (Mx > -INFINITY) {
+      for (int sp = 0; sp < p.splits; ++sp) {
+        const float m = m_sh[qi][sp];
+        if (m > -INFINITY) {
+          f_sh[qi][sp] = expf(m - Mx);
+          L += float(l_sh[qi][sp]) * f_sh[qi][sp];
+        }
+      }
+      if (p.sinks) L += expf(sink - Mx);
+    }
+    inv_sh[qi] = L;
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < nq * kD; t += kDecodeWarps * 32) {
+    const int qi = t / kD, d = t % kD;
+    const int64_t gq = split_query_index(p, b, g, i0 + qi);
+    const float L = inv_sh[qi];
+    float o = 0.f;
+    if (L > 0.f)
+      for (int s0 = 0; s0 < p.splits; s0 += kSplitBatch) {
+        float a[kSplitBatch];
+#pragma unroll
+        for (int j = 0; j < kSplitBatch; ++j)
+          a[j] = s0 + j < p.splits ? __ldcg(p.ws_acc + (int64_t(s0 + j) * p.rows_heads + gq) * kD + d) : 0.f;
+#pragma unroll
+        for (int j = 0; j < kSplitBatch; ++j)
+          if (s0 + j < p.splits && m_sh[qi][s0 + j] > -INFINITY) o += a[j] * f_sh[qi][s0 + j];
+      }
+    store_code(p.out, p.act, gq * kD + d, L > 0.f ? round_code(o / L, p.act) : 0.f);
+  }
+}
+
 // grid (query blocks x splits, kv heads, batch), kDecodeWarps warps. kD: head dim of K and V
 // (64 or 128); kQ: queries (tokens x heads of one GQA group) per block.
 template <class T, int kD, int kQ>
@@ -174,6 +251,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_vec_kernel
       p.ws_l[w] = double(L);
     }
   }
+  if (p.counters) combine_if_last<kD, kQ>(p, qb, g, b, i0, nq);
 }
 
 }  // namespace moex::ops::cuda

@@ -1,7 +1,11 @@
 // Launchers of the attention kernels: the run-time -> compile-time dispatch (element type, head
 // dim classes, eager passes) happens here and only here.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "cuda/runtime.hpp"
 #include "moex/error.hpp"
@@ -106,17 +110,43 @@ void launch_split_typed(const SplitParams& sp, bool eager, int batch, int kv_hea
   launch_split_pass<T, 3>(sp, batch, kv_heads, qblocks, stream);
 }
 
+// At least n zeroed arrival counters for the vector kernel's in-kernel combine on `stream`, or
+// null when the stream's buffer would have to grow during a graph capture (the combine kernel
+// runs then). Kept for the process (a captured graph may hold any buffer handed out; retired
+// ones are never freed); every call leaves its counters at zero again. Growing (a cudaMalloc) is
+// left to the first call of a size, which a capture's warm-up run makes.
+unsigned* arrival_counters(cudaStream_t stream, int64_t n) {
+  static std::mutex mu;
+  static std::map<std::pair<int, cudaStream_t>, std::pair<unsigned*, int64_t>> buffers;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& b = buffers[{moex::cuda::current_device(), stream}];
+  if (b.second >= n) return b.first;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  MOEX_CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
+  if (st != cudaStreamCaptureStatusNone) return nullptr;
+  const int64_t want = std::max<int64_t>(4096, n);
+  unsigned* p = nullptr;
+  MOEX_CUDA_CHECK(cudaMalloc(&p, size_t(want) * sizeof(unsigned)));
+  MOEX_CUDA_CHECK(cudaMemsetAsync(p, 0, size_t(want) * sizeof(unsigned), stream));
+  b = {p, want};
+  return p;
+}
+
+// Returns whether the kernel combined the splits itself (sp.out written).
 template <class T, int kD, int kQ>
-void launch_vec_instance(const SplitParams& sp, int batch, int kv_heads, cudaStream_t stream) {
+bool launch_vec_instance(SplitParams sp, int batch, int kv_heads, cudaStream_t stream) {
   const int qblocks = (sp.tokens * sp.group + kQ - 1) / kQ;
   if (int64_t(qblocks) * sp.splits > INT32_MAX) throw Unsupported("attention: too many query blocks x splits for one grid");
+  // The in-kernel combine keeps the splits' maxima and weights in shared memory.
+  sp.counters = sp.splits <= kCombineMaxSplits ? arrival_counters(stream, int64_t(qblocks) * kv_heads * batch) : nullptr;
   const dim3 grid(unsigned(qblocks * sp.splits), unsigned(kv_heads), unsigned(batch));
   moex::cuda::launch_pdl_here(attention_decode_vec_kernel<T, kD, kQ>, grid, dim3(kDecodeWarps * 32), 0, stream, sp);
   MOEX_CUDA_CHECK_LAUNCH(attention_decode_vec_kernel);
+  return sp.counters != nullptr;
 }
 
 template <class T, int kD>
-void launch_vec_queries(const SplitParams& sp, int batch, int kv_heads, cudaStream_t stream) {
+bool launch_vec_queries(const SplitParams& sp, int batch, int kv_heads, cudaStream_t stream) {
   switch (split_vec_queries(int64_t(sp.tokens) * sp.group)) {
     case 1: return launch_vec_instance<T, kD, 1>(sp, batch, kv_heads, stream);
     case 2: return launch_vec_instance<T, kD, 2>(sp, batch, kv_heads, stream);
@@ -126,12 +156,12 @@ void launch_vec_queries(const SplitParams& sp, int batch, int kv_heads, cudaStre
 }
 
 template <class T>
-void launch_vec_typed(const SplitParams& sp, int batch, int kv_heads, cudaStream_t stream) {
+bool launch_vec_typed(const SplitParams& sp, int batch, int kv_heads, cudaStream_t stream) {
   if (sp.dk != sp.dv || sp.v_in_k || (sp.dk != 64 && sp.dk != 128))
     throw Unsupported("attention: the vector split kernel runs head dims 64 / 64 or 128 / 128 with separate values "
                       "(got " + std::to_string(sp.dk) + " / " + std::to_string(sp.dv) + ")");
   if (sp.dk == 64) return launch_vec_queries<T, 64>(sp, batch, kv_heads, stream);
-  launch_vec_queries<T, 128>(sp, batch, kv_heads, stream);
+  return launch_vec_queries<T, 128>(sp, batch, kv_heads, stream);
 }
 
 __global__ void convert_floats_kernel(const void* src, int src_code, void* dst, int dst_code, int64_t n) {
@@ -206,8 +236,10 @@ void launch_attention_split(const AttentionArgs& a, const SplitWorkspace& ws, vo
     if (a.eager || a.act != a.elem || a.elem == kAttnF32 || !sp.vec_k || !sp.vec_v)
       throw Unsupported("attention: the vector split kernel runs bf16 / f16 sdpa with act equal to the cache dtype "
                         "and 16-byte aligned rows");
-    if (a.elem == kAttnBF16) launch_vec_typed<__nv_bfloat16>(sp, a.batch, a.kv_heads, stream);
-    else launch_vec_typed<__half>(sp, a.batch, a.kv_heads, stream);
+    sp.out = out;
+    const bool combined = a.elem == kAttnBF16 ? launch_vec_typed<__nv_bfloat16>(sp, a.batch, a.kv_heads, stream)
+                                              : launch_vec_typed<__half>(sp, a.batch, a.kv_heads, stream);
+    if (combined) return;
   } else if (a.elem == kAttnBF16) launch_split_typed<__nv_bfloat16>(sp, a.eager, a.batch, a.kv_heads, qblocks, stream);
   else if (a.elem == kAttnF16) launch_split_typed<__half>(sp, a.eager, a.batch, a.kv_heads, qblocks, stream);
   else launch_split_typed<float>(sp, a.eager, a.batch, a.kv_heads, qblocks, stream);

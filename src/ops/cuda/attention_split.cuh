@@ -63,6 +63,11 @@ struct SplitParams {
   double* ws_l;
   float* ws_m;
   float* ws_acc;
+  // Vector kernel only: one arrival counter per (query block, kv head, sequence), zero between
+  // calls; non-null: the last split of a block to finish combines the block's queries into `out`
+  // itself (no combine kernel). Null: the combine kernel runs after the split pass.
+  unsigned* counters;
+  void* out;
 };
 
 // x rounded to the act dtype (code as moex::cuda::FloatCode), returned as float.
