@@ -156,4 +156,69 @@ TEST(CudaLinear, LinearsEqualOneLinearEach) {
       }
 }
 
+// norm_linears against the ops one after another: rms_norm (or add_rms_norm) then linears. The
+// one-launch form (decode rows: the GEMV blocks form the norm) must give the same bits for the
+// linears, for x and for the updated residual; 17 rows take the ops in turn. Both roundings of
+// the norm, groups with an empty output and biases, h wider than one 256-element chunk per warp.
+TEST(CudaLinear, NormLinearsEqualNormThenLinears) {
+  if (moex::test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::cuda(0);
+  struct Shape {
+    int64_t out;
+    bool bias;
+  };
+  const std::vector<std::pair<int64_t, std::vector<Shape>>> groups = {
+      {2048, {{2048, false}, {256, true}, {256, false}}},
+      {2048, {{60, false}, {1408, false}, {1408, false}, {1, false}}},
+      {2880, {{32, false}}},
+      {24, {{5, false}, {0, false}, {3, true}}},
+  };
+  auto bits = [](const Tensor& t) {
+    std::vector<uint32_t> b;
+    for (float v : t.to(Device::cpu()).to(DType::kF32).to_float_vector()) b.push_back(moex::float_bits(v));
+    return b;
+  };
+  uint64_t seed = 900;
+  for (int64_t rows : {1, 3, 8, 17})
+    for (DType dt : {DType::kBF16, DType::kF16})
+      for (auto style : {moex::ops::RmsNormStyle::kLlama, moex::ops::RmsNormStyle::kGptOss})
+        for (bool with_delta : {false, true})
+          for (const auto& [in, g] : groups) {
+            auto make = [&](int64_t r, int64_t c, float scale) {
+              auto v = random_values(size_t(r * c), ++seed, dt);
+              for (auto& e : v) e *= scale;
+              return Tensor::from_floats(v, {r, c}).to(dt).to(gpu);
+            };
+            const Tensor h0 = make(rows, in, 3.0f), delta = make(rows, in, 1.0f);
+            const Tensor norm_w = make(1, in, 2.0f).view({in});
+            std::vector<moex::ops::LinearWeight> ws;
+            std::vector<Tensor> bs;
+            for (const Shape& s : g) {
+              ws.push_back(moex::ops::prepare_linear(make(s.out, in, 1.0f)));
+              bs.push_back(s.bias ? make(1, s.out, 1.0f).view({s.out}) : Tensor());
+            }
+            std::vector<moex::ops::LinearOf> of;
+            for (size_t i = 0; i < g.size(); ++i) of.push_back({&ws[i], bs[i].defined() ? &bs[i] : nullptr});
+            const std::string what = "rows " + std::to_string(rows) + " in " + std::to_string(in) + " " +
+                                     std::string(moex::dtype_name(dt)) + (with_delta ? " with delta" : "") +
+                                     (style == moex::ops::RmsNormStyle::kLlama ? " llama" : " gpt-oss");
+            Tensor h_want = h0.clone();
+            const Tensor x_want = with_delta ? moex::ops::add_rms_norm(h_want, delta, norm_w, 1e-6f, dt, style)
+                                             : moex::ops::rms_norm(h_want, norm_w, 1e-6f, dt, 0, style);
+            const std::vector<Tensor> y_want = moex::ops::linears(x_want, of, dt);
+            Tensor h = h0.clone(), x;
+            const std::vector<Tensor> y =
+                moex::ops::norm_linears(h, with_delta ? &delta : nullptr, {&norm_w, 1e-6f, style}, of, dt, &x);
+            ASSERT_EQ(y.size(), g.size()) << what;
+            EXPECT_EQ(bits(x), bits(x_want)) << what;
+            EXPECT_EQ(bits(h), bits(h_want)) << what;
+            for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(bits(y[i]), bits(y_want[i])) << what << " linear " << i;
+#if MOEX_WITH_CUDA
+            EXPECT_EQ(moex::ops::cuda::norm_gemv_serves(h0, with_delta ? &delta : nullptr, norm_w, dt),
+                      rows <= moex::ops::cuda::kNormGemvMaxRows)
+                << what;
+#endif
+          }
+}
+
 }  // namespace

@@ -52,6 +52,8 @@ ExpertsImplementation parse_experts_implementation(const std::string& spec);
 // JSON text of a map, keys sorted ("{\"\": \"eager\", \"text_config\": \"eager\"}" style, compact).
 std::string experts_implementation_json(const ExpertsImplementation& map);
 
+enum class SharedExpertsStream : unsigned char { kAuto, kOn, kOff };
+
 struct LoadOptions {
   // Weight and activation dtype; nullopt = the checkpoint's config "dtype" / "torch_dtype"
   // (float32 when absent). float32 and bfloat16 are supported.
@@ -70,6 +72,12 @@ struct LoadOptions {
   // true converts each to `dtype` at load (value x scale in float32, then rounded), after which
   // the model runs exactly as a checkpoint stored in `dtype`. Ignored for other checkpoints.
   bool dequantize = false;
+  // CUDA: where a model has shared experts (Qwen2-MoE's shared_expert, DeepSeek's shared_experts),
+  // whether they run on a second stream of the GPU beside the router and the routed experts.
+  // kAuto: for decode-sized calls (docs/gpu_model.md has the measurement); kOn: every call; kOff:
+  // never. The outputs are the same bits either way. Quantized shared experts and the host run
+  // them in line.
+  SharedExpertsStream shared_experts_stream = SharedExpertsStream::kAuto;
 };
 
 // LoadOptions from the strings a user types ("" = the default): dtype "float32" / "bfloat16"

@@ -175,6 +175,8 @@ std::vector<Flag> load_flags() {
        "experts backend: a name (moex backends) or JSON {\"\": B, \"text_config\": B, ...}"},
       {"dequantize", "", "block-quantized (FP8/FP4) checkpoints: convert every quantized weight to "
                          "the model dtype at load"},
+      {"shared-experts-stream", "MODE", "auto|on|off: CUDA: shared experts on a second stream beside "
+                                        "the routed ones (auto: decode-sized calls)"},
   };
 }
 
@@ -182,6 +184,11 @@ LoadOptions load_options(const Args& a) {
   LoadOptions o = make_load_options(a.get_or("dtype", ""), a.get_or("device", ""),
                                     a.get_or("experts-implementation", ""));
   o.dequantize = a.has("dequantize");
+  const std::string side = a.get_or("shared-experts-stream", "auto");
+  if (side == "auto") o.shared_experts_stream = SharedExpertsStream::kAuto;
+  else if (side == "on") o.shared_experts_stream = SharedExpertsStream::kOn;
+  else if (side == "off") o.shared_experts_stream = SharedExpertsStream::kOff;
+  else throw InvalidInput("--shared-experts-stream must be auto, on or off, got '" + side + "'");
   return o;
 }
 

@@ -44,6 +44,35 @@ void* current_stream(Device device);
 // Whether the calling thread's current stream of `device` is being captured into a graph (work
 // whose sizes come from host values of the step must refuse to be recorded). False on the CPU.
 bool capturing(Device device);
+// Work beside the calling thread's current stream of a CUDA device, on a second stream of that
+// device (one per thread and device). Opening a branch makes the side stream wait for everything
+// enqueued so far on the current stream; while side() is in scope, the ops the thread calls
+// enqueue on the side stream; join() (or the destructor) makes the current stream wait for the
+// side's work. Inside a graph capture the side work joins the capture as a parallel branch.
+// Memory: every free the thread makes while the branch is open is held until the join (see
+// DeferFreesScope in src/cuda/runtime.hpp), so neither stream is handed a block the other may
+// still read. Not nestable on one device.
+class StreamBranch {
+ public:
+  virtual ~StreamBranch() = default;
+  class Side {
+   public:
+    explicit Side(StreamBranch& b) : b_(b) { b_.enter_side(); }
+    ~Side() { b_.leave_side(); }
+    Side(const Side&) = delete;
+    Side& operator=(const Side&) = delete;
+
+   private:
+    StreamBranch& b_;
+  };
+  virtual void join() = 0;
+
+ protected:
+  virtual void enter_side() = 0;
+  virtual void leave_side() = 0;
+};
+// Unsupported for a device without streams (the CPU, or any device without CUDA).
+std::unique_ptr<StreamBranch> open_stream_branch(Device device);
 // What a measurement made on `device` holds for: "cpu", or the GPU's name and compute capability
 // ("NVIDIA H200 sm_90"). Unsupported for a CUDA device without CUDA.
 std::string device_name(Device device);

@@ -25,6 +25,10 @@ void* current_stream(Device device) {
                     " was requested, but this moex was built without CUDA");
 }
 
+std::unique_ptr<StreamBranch> open_stream_branch(Device device) {
+  throw Unsupported("a stream branch on " + device.str() + " was requested, but this moex was built without CUDA");
+}
+
 bool capturing(Device) { return false; }
 std::string device_name(Device device) {
   if (device.is_cpu()) return "cpu";

@@ -3,6 +3,9 @@
 #include "core/device_hooks.hpp"
 #include "cuda/runtime.hpp"
 
+#include <map>
+#include <utility>
+
 namespace moex::detail {
 
 std::shared_ptr<Storage> device_alloc(size_t bytes, Device device) {
@@ -69,13 +72,76 @@ std::unique_ptr<CapturedGraph> capture_graph(Device device, const std::function<
     cudaGetLastError();
     throw DeviceError(std::string("graph capture failed on ") + device.str() + ": " + cudaGetErrorString(err));
   }
-  MOEX_CUDA_CHECK(cudaGraphInstantiate(&g->exec_, g->graph_, 0));
+  // Per-node priorities: the nodes keep the priority of the stream they were captured from (a
+  // shared expert's side branch runs below the routed experts' chain, as it does uncaptured).
+  MOEX_CUDA_CHECK(cudaGraphInstantiate(&g->exec_, g->graph_, cudaGraphInstantiateFlagUseNodePriority));
   return g;
 }
 
 void* current_stream(Device device) {
   moex::cuda::DeviceGuard guard(device.index);
   return moex::cuda::current_stream();
+}
+
+namespace {
+
+class CudaStreamBranch final : public StreamBranch {
+ public:
+  explicit CudaStreamBranch(int device) : device_(device) {
+    moex::cuda::DeviceGuard guard(device_);
+    main_ = moex::cuda::current_stream();
+    side_ = moex::cuda::side_stream();
+    // Two events per thread and device, made once (a record / wait pair per use; a recorded
+    // event may be recorded again once the waits on it are enqueued).
+    thread_local std::map<int, std::pair<cudaEvent_t, cudaEvent_t>> events;
+    auto& ev = events[device_];
+    if (!ev.first) {
+      MOEX_CUDA_CHECK(cudaEventCreateWithFlags(&ev.first, cudaEventDisableTiming));
+      MOEX_CUDA_CHECK(cudaEventCreateWithFlags(&ev.second, cudaEventDisableTiming));
+    }
+    fork_ = ev.first;
+    done_ = ev.second;
+    MOEX_CUDA_CHECK(cudaEventRecord(fork_, main_));
+    MOEX_CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));
+    defer_ = std::make_unique<moex::cuda::DeferFreesScope>(device_);
+  }
+  ~CudaStreamBranch() override {
+    // An exception between open and join: still join (a capture must end with every branch
+    // joined), reporting nothing more.
+    if (!joined_) try { join(); } catch (...) {}
+  }
+  void join() override {
+    if (joined_) return;
+    joined_ = true;
+    moex::cuda::DeviceGuard guard(device_);
+    MOEX_CUDA_CHECK(cudaEventRecord(done_, side_));
+    MOEX_CUDA_CHECK(cudaStreamWaitEvent(main_, done_, 0));
+    defer_.reset();  // the held frees: both streams' work so far now precedes anything new on main
+  }
+
+ protected:
+  void enter_side() override {
+    moex::cuda::DeviceGuard guard(device_);
+    moex::cuda::set_current_stream(side_);
+  }
+  void leave_side() override {
+    moex::cuda::DeviceGuard guard(device_);
+    moex::cuda::set_current_stream(main_);
+  }
+
+ private:
+  int device_;
+  cudaStream_t main_ = nullptr, side_ = nullptr;
+  cudaEvent_t fork_ = nullptr, done_ = nullptr;
+  std::unique_ptr<moex::cuda::DeferFreesScope> defer_;
+  bool joined_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<StreamBranch> open_stream_branch(Device device) {
+  if (!device.is_cuda()) throw Unsupported("a stream branch needs a CUDA device, got " + device.str());
+  return std::make_unique<CudaStreamBranch>(device.index);
 }
 
 bool capturing(Device device) {

@@ -93,9 +93,12 @@ cudaStream_t current_stream() {
   if (d < 0 || d >= kMaxDevices) return nullptr;
   if (!t_stream_set[d]) {
     // A non-blocking stream, created once per thread and device and kept for the process: the
-    // legacy default stream cannot be captured into a graph.
+    // legacy default stream cannot be captured into a graph. At the device's greatest priority,
+    // so that where side_stream() work runs beside it, its blocks are scheduled first.
     cudaStream_t s = nullptr;
-    MOEX_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    int least = 0, greatest = 0;
+    MOEX_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    MOEX_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
     t_streams[d] = s;
     t_stream_set[d] = true;
   }
@@ -111,6 +114,21 @@ void set_current_stream(cudaStream_t s) {
 
 void synchronize() { MOEX_CUDA_CHECK(cudaStreamSynchronize(current_stream())); }
 
+cudaStream_t side_stream() {
+  thread_local cudaStream_t side[kMaxDevices] = {};
+  const int d = current_device();
+  if (d < 0 || d >= kMaxDevices) return nullptr;
+  // At the least priority: the work beside the current stream fills the SMs its chain leaves
+  // idle, and gives way as blocks retire (graphs keep the priorities: capture_graph instantiates
+  // with per-node priorities).
+  if (!side[d]) {
+    int least = 0, greatest = 0;
+    MOEX_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    MOEX_CUDA_CHECK(cudaStreamCreateWithPriority(&side[d], cudaStreamNonBlocking, least));
+  }
+  return side[d];
+}
+
 // ---------------------------------------------------------------- caching allocator
 
 namespace {
@@ -125,6 +143,7 @@ struct Pool {
   AllocatorStats stats;
 };
 thread_local PrivatePool* t_private = nullptr;
+thread_local DeferFreesScope* t_defer = nullptr;
 Pool& pool() {
   static Pool* p = new Pool();  // leaked on purpose: blocks may be released during static teardown
   return *p;
@@ -207,6 +226,11 @@ void* cache_alloc(size_t bytes, int device, size_t* capacity) {
 
 void cache_free(void* ptr, int device) {
   if (!ptr) return;
+  for (DeferFreesScope* d = t_defer; d; d = d->prev_)
+    if (d->device_ == device) {
+      d->held_.push_back(ptr);
+      return;
+    }
   Pool& p = pool();
   std::lock_guard<std::mutex> lock(p.mu);
   auto it = p.live.find(ptr);
@@ -216,6 +240,13 @@ void cache_free(void* ptr, int device) {
   auto own = p.owner.find(ptr);
   if (own != p.owner.end()) own->second->free_.emplace(cap, ptr);
   else p.free_blocks[device].emplace(cap, ptr);
+}
+
+DeferFreesScope::DeferFreesScope(int device) : device_(device), prev_(t_defer) { t_defer = this; }
+
+DeferFreesScope::~DeferFreesScope() {
+  t_defer = prev_;
+  for (void* ptr : held_) cache_free(ptr, device_);
 }
 
 PrivatePool::PrivatePool(int device) : device_(device) {}

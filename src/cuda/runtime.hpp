@@ -75,6 +75,9 @@ class DeviceGuard {
 cudaStream_t current_stream();           // of the current device, this thread
 void set_current_stream(cudaStream_t s);  // for the current device, this thread (nullptr: default)
 void synchronize();                       // the current stream
+// A second stream of the current device for this thread (non-blocking, created on first use), for
+// work that runs beside the current stream's (stream_branch.cpp forks and joins it).
+cudaStream_t side_stream();
 
 // ---- memory ----
 // Caching allocator: 256-byte aligned device memory; the release returns the block to the cache.
@@ -109,6 +112,24 @@ class PrivatePoolScope {
 
  private:
   PrivatePool* prev_;
+};
+// Frees deferred while a stream branch is open. The cache hands a block to the next allocation in
+// host order, which is safe on one stream (its work is ordered) but not across two: a block freed
+// while work of the other stream may still read it could be handed to this one. While a
+// DeferFreesScope is open on a thread, that thread's frees of `device` blocks are held and made at
+// its end (the join, after which both streams' earlier work is ordered before anything new).
+class DeferFreesScope {
+ public:
+  explicit DeferFreesScope(int device);
+  ~DeferFreesScope();  // frees what was held
+  DeferFreesScope(const DeferFreesScope&) = delete;
+  DeferFreesScope& operator=(const DeferFreesScope&) = delete;
+
+ private:
+  int device_;
+  std::vector<void*> held_;
+  DeferFreesScope* prev_;
+  friend void cache_free(void* p, int device);
 };
 struct AllocatorStats {
   size_t cuda_mallocs = 0;   // cudaMalloc calls so far (a warm forward adds none)

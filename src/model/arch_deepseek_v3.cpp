@@ -75,7 +75,8 @@ struct DeepseekLayer {
 
 class DeepseekV3LM final : public DecoderLM {
  public:
-  DeepseekV3LM(const Checkpoint& ckpt, const LoadOptions& o) : DecoderLM(ckpt, o, ckpt.config()) {
+  DeepseekV3LM(const Checkpoint& ckpt, const LoadOptions& o)
+      : DecoderLM(ckpt, o, ckpt.config()), shared_stream_(o.shared_experts_stream) {
     const DecoderConfig& c = cfg();
     const DType dt = act();
     const Device dev = info_.device;
@@ -287,15 +288,26 @@ class DeepseekV3LM final : public DecoderLM {
   Tensor moe_block(const DeepseekLayer& L, const Tensor& x) {
     const DType dt = act();
     // x holds act-rounded values; the router reads them as float32, as transformers does.
+    std::unique_ptr<detail::StreamBranch> branch;
+    Tensor shared;
+    if (L.has_shared && shared_experts_beside(shared_stream_, x, L.shared)) {
+      // The shared experts on a second stream beside the router and the routed experts.
+      branch = detail::open_stream_branch(x.device());
+      detail::StreamBranch::Side side(*branch);
+      shared = gated_mlp(x, L.shared, dt);
+    }
     Routing routing = ops::sigmoid_group_topk(linear(x, L.router, DType::kF32), L.correction, router_);
     Tensor out = run_experts(experts_[size_t(L.experts_index)], experts_backend(), x, routing, dt);
-    if (L.has_shared) ops::add_(out, gated_mlp(x, L.shared, dt), dt);
+    if (branch) branch->join();
+    else if (L.has_shared) shared = gated_mlp(x, L.shared, dt);
+    if (L.has_shared) ops::add_(out, shared, dt);
     return out;
   }
 
   std::vector<DeepseekLayer> layers_;
   std::vector<Experts> experts_;
   DeepseekRouterConfig router_;
+  SharedExpertsStream shared_stream_ = SharedExpertsStream::kAuto;
   Rope rope_;
   RopeLayout layout_ = RopeLayout::kInterleaved;
   int64_t heads_ = 0, q_lora_ = 0, kv_lora_ = 0, nope_ = 0, rope_dim_ = 0, v_dim_ = 0, qk_dim_ = 0;

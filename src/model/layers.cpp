@@ -79,6 +79,14 @@ std::vector<Tensor> linears(const Tensor& x, std::initializer_list<const Linear*
   return ops::linears(x, of, act);
 }
 
+std::vector<Tensor> norm_linears(Tensor& h, const Tensor* delta, const Tensor& norm, float eps,
+                                 std::initializer_list<const Linear*> ls, DType act, Tensor* x_out) {
+  std::vector<ops::LinearOf> of;
+  of.reserve(ls.size());
+  for (const Linear* l : ls) of.push_back({&l->weight, l->bias.defined() ? &l->bias : nullptr});
+  return ops::norm_linears(h, delta, ops::NormOf{&norm, eps}, of, act, x_out);
+}
+
 // ---- norms ----
 
 
@@ -237,6 +245,13 @@ Tensor gated_mlp(const Tensor& x, const GatedMlp& mlp, DType act) {
 Tensor gated_mlp_rest(Tensor& gate, const Tensor& up, const GatedMlp& mlp, DType act) {
   ops::gated_activation_(gate, up, mlp.activation, act);
   return linear(gate, mlp.down, act);
+}
+
+bool shared_experts_beside(SharedExpertsStream mode, const Tensor& x, const GatedMlp& shared) {
+  if (mode == SharedExpertsStream::kOff || !x.device().is_cuda()) return false;
+  for (const Linear* l : {&shared.gate, &shared.up, &shared.down})
+    if (l->weight.quantized()) return false;
+  return mode == SharedExpertsStream::kOn || x.size(0) <= kSharedExpertsBesideRows;
 }
 
 ExpertsSpec gated_experts_spec(int64_t num_experts, int64_t hidden, int64_t intermediate, Activation act) {

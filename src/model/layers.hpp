@@ -14,6 +14,7 @@
 
 #include "moex/checkpoint.hpp"
 #include "moex/experts.hpp"
+#include "moex/model.hpp"
 #include "model/quantized_weights.hpp"
 #include "moex/tensor.hpp"
 #include "ops/ops.hpp"
@@ -60,6 +61,11 @@ inline Tensor linear(const Tensor& x, const Linear& l, DType act) {
 
 // Several linears of the same x (ops::linears): one launch on a device for decode-sized rows.
 std::vector<Tensor> linears(const Tensor& x, std::initializer_list<const Linear*> ls, DType act);
+// An RMSNorm (weight `norm`, Llama rounding) of h, or of h += *delta, followed by linears of its
+// output (ops::norm_linears: one launch on a device for decode-sized rows); *x_out gets the
+// norm's output when given.
+std::vector<Tensor> norm_linears(Tensor& h, const Tensor* delta, const Tensor& norm, float eps,
+                                 std::initializer_list<const Linear*> ls, DType act, Tensor* x_out = nullptr);
 
 // Loads a vector [dim] (norm weights, sinks, biases) onto `device`.
 Tensor load_vector(const Checkpoint& ckpt, const std::string& name, int64_t dim, DType dtype,
@@ -100,6 +106,13 @@ Tensor gated_mlp(const Tensor& x, const GatedMlp& mlp, DType act);
 // The rest of gated_mlp once gate(x) and up(x) are computed (e.g. by linears() beside others):
 // `gate` is overwritten with the rounded intermediate.
 Tensor gated_mlp_rest(Tensor& gate, const Tensor& up, const GatedMlp& mlp, DType act);
+
+// Whether the shared experts of a call on x run on a second stream beside the router and the
+// routed experts (LoadOptions::shared_experts_stream): on a GPU, unquantized shared experts only
+// (a quantized linear's per-call scratch is not kept for the branch), kAuto for calls of up to
+// kSharedExpertsBesideRows rows.
+inline constexpr int64_t kSharedExpertsBesideRows = 64;
+bool shared_experts_beside(SharedExpertsStream mode, const Tensor& x, const GatedMlp& shared);
 
 // The spec of experts stored as the hub's plain (non-transposed, no bias) gated MLPs.
 ExpertsSpec gated_experts_spec(int64_t num_experts, int64_t hidden, int64_t intermediate, Activation act);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/device_hooks.hpp"
 #include "io/strict_json.hpp"
 #include "moex/error.hpp"
 
@@ -12,7 +13,9 @@ namespace moex::model {
 SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
                          const nlohmann::json& text_config, SparseMoeFlags flags,
                          std::vector<std::string> sub_configs)
-    : DecoderLM(ckpt, options, text_config, flags.weights_prefix), flags_(std::move(flags)) {
+    : DecoderLM(ckpt, options, text_config, flags.weights_prefix),
+      flags_(std::move(flags)),
+      shared_stream_(options.shared_experts_stream) {
   const DecoderConfig& c = cfg();
   const DType dt = act();
   const Device dev = info_.device;
@@ -124,17 +127,40 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
   finish_experts(experts_, flags_.experts_key, num_experts_, top_k_, options.experts_implementation);
 }
 
-void SparseMoeLM::moe_forward(const Layer& L, const Tensor& x, Tensor& h) const {
+void SparseMoeLM::moe_forward(const Layer& L, const Tensor& attn_out, Tensor& h) const {
   const DType a = act();
+  const float eps = float(cfg().rms_norm_eps);
   const DType routing_dtype = flags_.round_routing_weights ? a : DType::kF32;
+  // h += attn_out, x = post_attention_layernorm(h), then the linears that read x: for decode-sized
+  // rows on a device one launch, its blocks forming x themselves (ops::norm_linears).
+  Tensor x;
   if (!flags_.shared_expert) {
-    Routing r = ops::softmax_topk(linear(x, L.router, a), top_k_, norm_topk_prob_, routing_dtype);
+    std::vector<Tensor> p = norm_linears(h, &attn_out, L.post_norm, eps, {&L.router}, a, &x);
+    Routing r = ops::softmax_topk(p[0], top_k_, norm_topk_prob_, routing_dtype);
     ops::add_(h, run_experts(*L.experts, experts_backend(flags_.experts_key), x, r, a), a);
+    return;
+  }
+  if (shared_experts_beside(shared_stream_, h, L.shared)) {
+    // The shared expert on a second stream while the top-k and the routed experts run on this
+    // one (the two chains share nothing until the sum); the router first, so that its small
+    // launch does not queue behind the shared expert's projections.
+    std::vector<Tensor> p = norm_linears(h, &attn_out, L.post_norm, eps, {&L.router, &L.shared_gate}, a, &x);
+    auto branch = detail::open_stream_branch(x.device());
+    Tensor s;
+    {
+      detail::StreamBranch::Side side(*branch);
+      s = gated_mlp(x, L.shared, a);
+    }
+    Routing r = ops::softmax_topk(p[0], top_k_, norm_topk_prob_, routing_dtype);
+    Tensor y = run_experts(*L.experts, experts_backend(flags_.experts_key), x, r, a);
+    branch->join();
+    ops::add_gated_residual_(h, y, s, p[1], a);
     return;
   }
   // The router and the shared expert's gate, up and gating column all read x: one launch for
   // decode-sized x on a device.
-  std::vector<Tensor> p = linears(x, {&L.router, &L.shared.gate, &L.shared.up, &L.shared_gate}, a);
+  std::vector<Tensor> p =
+      norm_linears(h, &attn_out, L.post_norm, eps, {&L.router, &L.shared.gate, &L.shared.up, &L.shared_gate}, a, &x);
   Routing r = ops::softmax_topk(p[0], top_k_, norm_topk_prob_, routing_dtype);
   Tensor y = run_experts(*L.experts, experts_backend(flags_.experts_key), x, r, a);
   ops::add_gated_residual_(h, y, gated_mlp_rest(p[1], p[2], L.shared, a), p[3], a);
@@ -146,8 +172,8 @@ void SparseMoeLM::layer_forward(int64_t layer, Tensor& h, const Step& step, Laye
   const float eps = float(cfg().rms_norm_eps);
   const int64_t hd = cfg().head_dim;
 
-  Tensor x = ops::rms_norm(h, L.input_norm, eps, a);
-  std::vector<Tensor> qkv = linears(x, {&L.q, &L.k, &L.v}, a);
+  // input_layernorm and q / k / v: one launch for decode-sized rows on a device.
+  std::vector<Tensor> qkv = norm_linears(h, nullptr, L.input_norm, eps, {&L.q, &L.k, &L.v}, a);
   Tensor q = std::move(qkv[0]), k = std::move(qkv[1]), v = std::move(qkv[2]);
   if (clip_qkv_ > 0)
     for (Tensor* t : {&q, &k, &v}) ops::clamp_(*t, clip_qkv_);
@@ -160,9 +186,13 @@ void SparseMoeLM::layer_forward(int64_t layer, Tensor& h, const Step& step, Laye
   ops::rope2_(q, cfg().num_heads, k, cfg().num_kv_heads, hd, 0, rope_, RopeLayout::kHalf, step, a);
   AttentionSpec spec = attn_;
   spec.sliding_window = L.sliding_window;
-  x = ops::add_rms_norm(h, linear(attend(q, k, v, kv, step, spec, a), L.o, a), L.post_norm, eps, a);
-  if (L.moe) moe_forward(L, x, h);
-  else ops::add_(h, gated_mlp(x, L.dense, a), a);
+  const Tensor attn_out = linear(attend(q, k, v, kv, step, spec, a), L.o, a);
+  if (L.moe) {
+    moe_forward(L, attn_out, h);
+  } else {
+    std::vector<Tensor> gu = norm_linears(h, &attn_out, L.post_norm, eps, {&L.dense.gate, &L.dense.up}, a);
+    ops::add_(h, gated_mlp_rest(gu[0], gu[1], L.dense, a), a);
+  }
 }
 
 }  // namespace moex::model

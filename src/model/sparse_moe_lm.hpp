@@ -60,8 +60,8 @@ class SparseMoeLM final : public DecoderLM {
     GatedMlp shared;             // qwen2_moe shared expert
     Linear shared_gate;          // [1, H]
   };
-  // The MoE block on x, added to the residual stream h.
-  void moe_forward(const Layer& L, const Tensor& x, Tensor& h) const;
+  // h += attn_out, then the MoE block on post_attention_layernorm(h), added to h.
+  void moe_forward(const Layer& L, const Tensor& attn_out, Tensor& h) const;
 
   SparseMoeFlags flags_;
   Rope rope_;
@@ -69,6 +69,7 @@ class SparseMoeLM final : public DecoderLM {
   int64_t num_experts_ = 0, top_k_ = 0;
   bool norm_topk_prob_ = false;
   float clip_qkv_ = 0;
+  SharedExpertsStream shared_stream_ = SharedExpertsStream::kAuto;
   std::vector<Layer> layers_;
   std::deque<Experts> experts_;  // a deque: addresses stay valid while it grows
 };

@@ -180,6 +180,18 @@ std::vector<Tensor> linears(const Tensor& x, std::span<const LinearOf> ls, DType
   return dispatch("linears", x.device(), each, MOEX_OPS_DEVICE(linears(x, ls, act)));
 }
 
+std::vector<Tensor> norm_linears(Tensor& h, const Tensor* delta, const NormOf& norm, std::span<const LinearOf> ls,
+                                 DType act, Tensor* x_out) {
+  auto each = [&] {
+    Tensor x = delta ? add_rms_norm(h, *delta, *norm.weight, norm.eps, act, norm.style)
+                     : rms_norm(h, *norm.weight, norm.eps, act, 0, norm.style);
+    std::vector<Tensor> ys = linears(x, ls, act);
+    if (x_out) *x_out = std::move(x);
+    return ys;
+  };
+  return dispatch("norm_linears", h.device(), each, MOEX_OPS_DEVICE(norm_linears(h, delta, norm, ls, act, x_out)));
+}
+
 Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_weight, DType act) {
   return dispatch("linear_per_group", x.device(), [&] { return cpu::linear_per_group(x, w, transpose_weight, act); },
                   MOEX_OPS_DEVICE(linear_per_group(x, w, transpose_weight, act)));

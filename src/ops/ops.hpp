@@ -251,6 +251,19 @@ struct LinearOf {
 };
 std::vector<Tensor> linears(const Tensor& x, std::span<const LinearOf> ls, DType act);
 
+// An RMSNorm followed by linears of its output, the values of the ops one after another:
+// x = rms_norm(h), or with delta x = add_rms_norm(h, *delta) (h updated as that op does), then
+// linears(x, ls). *x_out, when given, receives x. On a device, decode-sized calls whose linears
+// all take the one-launch GEMV run as that launch alone: its blocks form x themselves (src/ops/
+// cuda/linear_gemv.cu), and with delta h is then made to refer to a new tensor holding the sum.
+struct NormOf {
+  const Tensor* weight;
+  float eps;
+  RmsNormStyle style = RmsNormStyle::kLlama;
+};
+std::vector<Tensor> norm_linears(Tensor& h, const Tensor* delta, const NormOf& norm, std::span<const LinearOf> ls,
+                                 DType act, Tensor* x_out);
+
 // Per-group weight blocks read in place from one weight tensor [groups * group_rows, in]: group
 // g's block W_g is rows [g * group_rows + offset, g * group_rows + offset + rows), [rows, in].
 // (DeepSeek MLA: kv_b_proj [heads * (nope + v), kv_lora] holds W_UK[h] at offset 0, nope rows,

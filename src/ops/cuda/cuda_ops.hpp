@@ -78,6 +78,19 @@ std::vector<Tensor> linear_gemv_segments(const Tensor& x, std::span<const Tensor
                                          std::span<const Tensor* const> biases);
 // ops::linears: one GEMV launch when every linear qualifies, else one linear() each.
 std::vector<Tensor> linears(const Tensor& x, std::span<const LinearOf> ls, DType act);
+// ops::norm_linears: one GEMV launch forming the norm in its blocks when norm_gemv_serves and
+// every linear qualifies (MOEX_NORM_GEMV=0 turns that off, for measuring), else the ops in turn.
+// Rows: up to kNormGemvMaxRows. H200, Qwen1.5-MoE shape, 24 layers (docs/gpu_model.md): batch-1
+// decode 403.5 / 403.4 tokens/s against 390.6 / 396.2 with the norm kernels; at batch 8 (8 rows:
+// every block reads 8 rows of h for the sums and normalises 8 rows per weight chunk) 1,244 against
+// 1,439, so 8-row calls keep the norm kernel.
+inline constexpr int64_t kNormGemvMaxRows = 1;
+bool norm_gemv_serves(const Tensor& h, const Tensor* delta, const Tensor& norm_weight, DType act);
+std::vector<Tensor> norm_linear_gemv_segments(Tensor& h, const Tensor* delta, const Tensor& norm_weight, float eps,
+                                              RmsNormStyle style, std::span<const Tensor* const> weights,
+                                              std::span<const Tensor* const> biases, Tensor* x_out);
+std::vector<Tensor> norm_linears(Tensor& h, const Tensor* delta, const NormOf& norm, std::span<const LinearOf> ls,
+                                 DType act, Tensor* x_out);
 // A block-quantized weight (LinearWeight::quantized()), linear_quant.cu.
 Tensor linear_quantized(const Tensor& x, const LinearWeight& w, const Tensor& bias, DType act);
 // cuBLASLt strided batched (one call, one batch per group, blocks read in place), float32

@@ -17,9 +17,13 @@
 // (cublaslt.hpp, shared with linear_per_group.cu).
 #include <cublasLt.h>
 
+#include <cstdlib>
+#include <string>
+
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <utility>
 
 #include "cuda/common.cuh"
 #include "cuda/runtime.hpp"
@@ -30,16 +34,27 @@ namespace moex::ops::cuda {
 
 using moex::cuda::current_stream;
 
-CublasLt& cublaslt(int device) {
+namespace {
+std::mutex& cublaslt_mutex() {
   static std::mutex m;
+  return m;
+}
+}  // namespace
+
+CublasLt& cublaslt(int device) {
   static std::map<int, CublasLt> handles;  // kept for the process's lifetime
-  std::lock_guard<std::mutex> lock(m);
+  std::lock_guard<std::mutex> lock(cublaslt_mutex());
   CublasLt& h = handles[device];
-  if (!h.lt) {
-    MOEX_CUBLAS_CHECK(cublasLtCreate(&h.lt));
-    h.workspace = moex::cuda::cache_alloc(kCublasLtWorkspaceBytes, device);
-  }
+  if (!h.lt) MOEX_CUBLAS_CHECK(cublasLtCreate(&h.lt));
   return h;
+}
+
+void* cublaslt_workspace(int device, cudaStream_t stream) {
+  static std::map<std::pair<int, cudaStream_t>, void*> workspaces;  // kept for the process's lifetime
+  std::lock_guard<std::mutex> lock(cublaslt_mutex());
+  void*& w = workspaces[{device, stream}];
+  if (!w) w = moex::cuda::cache_alloc(kCublasLtWorkspaceBytes, device);
+  return w;
 }
 
 cudaDataType_t cublas_dtype(DType t, const char* op) {
@@ -167,8 +182,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType a
   }
   const float alpha = 1.0f, beta = 0.0f;
   CublasLt& h = cublaslt(device);
+  cudaStream_t s = current_stream();
   MOEX_CUBLAS_CHECK(cublasLtMatmul(h.lt, p.desc, &alpha, w.raw(), p.a, xa.raw(), p.b, &beta, y.raw(), p.d,
-                                   y.raw(), p.d, &p.algo, h.workspace, kCublasLtWorkspaceBytes, current_stream()));
+                                   y.raw(), p.d, &p.algo, cublaslt_workspace(device, s), kCublasLtWorkspaceBytes, s));
   if (dt != act) return convert(y, act);
   return y;
 }
@@ -190,6 +206,32 @@ std::vector<Tensor> linears(const Tensor& x, std::span<const LinearOf> ls, DType
   for (const LinearOf& l : ls)
     ys.push_back(l.weight->quantized() ? linear_quantized(x, *l.weight, l.bias ? *l.bias : none, act)
                                        : linear(x, l.weight->tensor, l.bias ? *l.bias : none, act));
+  return ys;
+}
+
+std::vector<Tensor> norm_linears(Tensor& h, const Tensor* delta, const NormOf& norm, std::span<const LinearOf> ls,
+                                 DType act, Tensor* x_out) {
+  moex::cuda::DeviceGuard guard(h.device().index);
+  static const bool enabled = [] {
+    const char* e = std::getenv("MOEX_NORM_GEMV");
+    return !(e && std::string(e) == "0");
+  }();
+  const Tensor none;
+  std::vector<const Tensor*> ws, bs;
+  bool one_launch = enabled && !ls.empty() && ls.size() <= size_t(kGemvMaxSegments) &&
+                    norm_gemv_serves(h, delta, *norm.weight, act);
+  for (const LinearOf& l : ls) {
+    const Tensor& b = l.bias ? *l.bias : none;
+    ws.push_back(&l.weight->tensor);
+    bs.push_back(l.bias);
+    one_launch = one_launch && !l.weight->quantized() && gemv_serves(h, l.weight->tensor, b, act) &&
+                 l.weight->tensor.size(1) == h.size(1);
+  }
+  if (one_launch) return norm_linear_gemv_segments(h, delta, *norm.weight, norm.eps, norm.style, ws, bs, x_out);
+  Tensor x = delta ? cuda::add_rms_norm(h, *delta, *norm.weight, norm.eps, act, norm.style)
+                   : cuda::rms_norm(h, *norm.weight, norm.eps, act, 0, norm.style);
+  std::vector<Tensor> ys = cuda::linears(x, ls, act);
+  if (x_out) *x_out = std::move(x);
   return ys;
 }
 

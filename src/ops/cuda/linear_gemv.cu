@@ -29,6 +29,7 @@
 #include "cuda/runtime.hpp"
 #include "moex/error.hpp"
 #include "ops/cuda/cuda_ops.hpp"
+#include "ops/cuda/small_ops.cuh"
 
 namespace moex::ops::cuda {
 
@@ -57,9 +58,40 @@ struct Segments {
   int n;
 };
 
-template <class T, int M>
+// The RMSNorm in front of a GEMV, formed by every block (norm_linears): x = rms_norm(h) or, with
+// delta, h' = round(h + delta) and x = rms_norm(h'). Block 0 also writes x (x_out, when set) and
+// h' (h_out) for the kernels after. Each block reads the M rows of h (and delta) once for the
+// sum of squares (at most 8 x 16 KiB, from L2) and again, chunk by chunk, beside its weights.
+template <class T>
+struct NormArgs {
+  const T* delta;  // null: no residual add
+  const T* w;      // the norm weight [in]
+  float eps;
+  int act, inner;  // rounding codes: act, and the one of x * r (act for Llama, float32 for gpt-oss)
+  T* x_out;        // null: x is not needed elsewhere
+  T* h_out;        // with delta: h' (a tensor other than h: blocks read h while block 0 writes)
+};
+
+// norm.cu's arithmetic, to the bit: v in act, the double sum of squares, r with the host's
+// float / double roundings, out = round(w * round(v * r, inner)).
+__device__ __forceinline__ float norm_value(float v, float r, float w, int inner, int act) {
+  return round_to(__fmul_rn(w, round_to(__fmul_rn(v, r), inner)), act);
+}
+
+template <class T>
+__device__ __forceinline__ void residual8(const T* h, const NormArgs<T>& na, int64_t at, float* v) {
+  moex::cuda::widen8<T>(__ldg(reinterpret_cast<const uint4*>(h + at)), v);
+  if (na.delta) {
+    float d[8];
+    moex::cuda::widen8<T>(__ldg(reinterpret_cast<const uint4*>(na.delta + at)), d);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = round_to(__fadd_rn(v[i], d[i]), na.act);
+  }
+}
+
+template <class T, int M, bool kNorm>
 __global__ void __launch_bounds__(kWarps * 32)
-    gemv_kernel(const T* __restrict__ x, const Segments<T> segs, int64_t in) {
+    gemv_kernel(const T* __restrict__ x, const Segments<T> segs, int64_t in, const NormArgs<T> na) {
   int si = 0;
 #pragma unroll
   for (int i = 1; i < kGemvMaxSegments; ++i)
@@ -90,15 +122,63 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (k < in) load_w(k);
   moex::cuda::pdl_wait();
   moex::cuda::pdl_trigger();
+  __shared__ float r_sh[M];
+  if constexpr (kNorm) {
+    __shared__ double ss_sh[kWarps][M];
+    double ss[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) ss[m] = 0;
+    for (int64_t c = int64_t(threadIdx.x) * 8; c < in; c += kWarps * 32 * 8)
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float v[8];
+        residual8<T>(x, na, int64_t(m) * in + c, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) ss[m] += double(v[i]) * double(v[i]);
+      }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) ss[m] += __shfl_xor_sync(0xffffffffu, ss[m], o);
+      if (lane == 0) ss_sh[warp][m] = ss[m];
+    }
+    __syncthreads();
+    if (threadIdx.x < M) {
+      double t = 0;
+      for (int q = 0; q < kWarps; ++q) t += ss_sh[q][threadIdx.x];
+      const float mean = float(t / double(in));
+      r_sh[threadIdx.x] = float(1.0 / double(__fsqrt_rn(__fadd_rn(mean, na.eps))));
+    }
+    __syncthreads();
+    if (blockIdx.x == 0 && (na.x_out || na.h_out))
+      for (int64_t c = int64_t(threadIdx.x) * 8; c < int64_t(M) * in; c += kWarps * 32 * 8) {
+        const int m = int(c / in);
+        float v[8], wn[8], xn[8];
+        residual8<T>(x, na, c, v);
+        moex::cuda::widen8<T>(__ldg(reinterpret_cast<const uint4*>(na.w + (c - int64_t(m) * in))), wn);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) xn[i] = norm_value(v[i], r_sh[m], wn[i], na.inner, na.act);
+        if (na.h_out) *reinterpret_cast<uint4*>(na.h_out + c) = moex::cuda::narrow8<T>(v);
+        if (na.x_out) *reinterpret_cast<uint4*>(na.x_out + c) = moex::cuda::narrow8<T>(xn);
+      }
+  }
   for (; k < in; k += step) {
     float wf[kColumns][8];
 #pragma unroll
     for (int c = 0; c < kColumns; ++c) moex::cuda::widen8<T>(wv[c], wf[c]);
     if (k + step < in) load_w(k + step);
+    float wn[8];
+    if constexpr (kNorm) moex::cuda::widen8<T>(__ldg(reinterpret_cast<const uint4*>(na.w + k)), wn);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float xf[8];
-      moex::cuda::widen8<T>(__ldg(reinterpret_cast<const uint4*>(x + m * in + k)), xf);
+      if constexpr (kNorm) {
+        residual8<T>(x, na, int64_t(m) * in + k, xf);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) xf[i] = norm_value(xf[i], r_sh[m], wn[i], na.inner, na.act);
+      } else {
+        moex::cuda::widen8<T>(__ldg(reinterpret_cast<const uint4*>(x + m * in + k)), xf);
+      }
 #pragma unroll
       for (int c = 0; c < kColumns; ++c)
 #pragma unroll
@@ -130,14 +210,26 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <class T, int M>
-void launch(const T* x, const Segments<T>& segs, int64_t blocks, int64_t in, cudaStream_t s, int device) {
-  moex::cuda::launch_pdl(gemv_kernel<T, M>, dim3(unsigned(blocks)), dim3(kWarps * 32), 0, s, device, x, segs, in);
+void launch(const T* x, const Segments<T>& segs, int64_t blocks, int64_t in, cudaStream_t s, int device,
+            const NormArgs<T>* na) {
+  if constexpr (M <= kNormGemvMaxRows) {
+    if (na) {
+      moex::cuda::launch_pdl(gemv_kernel<T, M, true>, dim3(unsigned(blocks)), dim3(kWarps * 32), 0, s, device, x,
+                             segs, in, *na);
+      return;
+    }
+  }
+  if (na) throw InvalidInput("norm_linears: more rows than the norm-forming GEMV takes");
+    moex::cuda::launch_pdl(gemv_kernel<T, M, false>, dim3(unsigned(blocks)), dim3(kWarps * 32), 0, s, device, x, segs,
+                           in, NormArgs<T>{});
 }
 
-// x [rows, in]; weights[i] [out_i, in] with bias[i] (or undefined) into ys[i] [rows, out_i].
+// x [rows, in]; weights[i] [out_i, in] with bias[i] (or undefined) into ys[i] [rows, out_i]. With
+// na, x is the h of NormArgs and the linears read its norm.
 template <class T>
 void launch_segments(const Tensor& x, std::span<const Tensor* const> weights,
-                     std::span<const Tensor* const> biases, std::vector<Tensor>& ys, cudaStream_t s) {
+                     std::span<const Tensor* const> biases, std::vector<Tensor>& ys, cudaStream_t s,
+                     const NormArgs<T>* na = nullptr) {
   const int device = x.device().index;
   Segments<T> segs{};
   int64_t blocks = 0;
@@ -154,14 +246,14 @@ void launch_segments(const Tensor& x, std::span<const Tensor* const> weights,
   const T* xp = static_cast<const T*>(x.raw());
   const int64_t in = weights[0]->size(1);
   switch (x.size(0)) {
-    case 1: launch<T, 1>(xp, segs, blocks, in, s, device); break;
-    case 2: launch<T, 2>(xp, segs, blocks, in, s, device); break;
-    case 3: launch<T, 3>(xp, segs, blocks, in, s, device); break;
-    case 4: launch<T, 4>(xp, segs, blocks, in, s, device); break;
-    case 5: launch<T, 5>(xp, segs, blocks, in, s, device); break;
-    case 6: launch<T, 6>(xp, segs, blocks, in, s, device); break;
-    case 7: launch<T, 7>(xp, segs, blocks, in, s, device); break;
-    default: launch<T, 8>(xp, segs, blocks, in, s, device); break;
+    case 1: launch<T, 1>(xp, segs, blocks, in, s, device, na); break;
+    case 2: launch<T, 2>(xp, segs, blocks, in, s, device, na); break;
+    case 3: launch<T, 3>(xp, segs, blocks, in, s, device, na); break;
+    case 4: launch<T, 4>(xp, segs, blocks, in, s, device, na); break;
+    case 5: launch<T, 5>(xp, segs, blocks, in, s, device, na); break;
+    case 6: launch<T, 6>(xp, segs, blocks, in, s, device, na); break;
+    case 7: launch<T, 7>(xp, segs, blocks, in, s, device, na); break;
+    default: launch<T, 8>(xp, segs, blocks, in, s, device, na); break;
   }
 }
 
@@ -191,6 +283,50 @@ std::vector<Tensor> linear_gemv_segments(const Tensor& x, std::span<const Tensor
   cudaStream_t s = moex::cuda::current_stream();
   if (weights[0]->dtype() == DType::kBF16) launch_segments<__nv_bfloat16>(x, weights, biases, ys, s);
   else launch_segments<__half>(x, weights, biases, ys, s);
+  return ys;
+}
+
+bool norm_gemv_serves(const Tensor& h, const Tensor* delta, const Tensor& norm_weight, DType act) {
+  const auto ok16 = [&](const Tensor& t) {
+    return t.dtype() == act && t.is_contiguous() && aligned16(t.raw());
+  };
+  return (act == DType::kBF16 || act == DType::kF16) && h.dim() == 2 && h.size(0) >= 1 &&
+         h.size(0) <= kNormGemvMaxRows && h.size(1) % 8 == 0 && ok16(h) && (!delta || (ok16(*delta) && delta->shape() == h.shape())) &&
+         ok16(norm_weight) && norm_weight.numel() == h.size(1);
+}
+
+std::vector<Tensor> norm_linear_gemv_segments(Tensor& h, const Tensor* delta, const Tensor& norm_weight, float eps,
+                                              RmsNormStyle style, std::span<const Tensor* const> weights,
+                                              std::span<const Tensor* const> biases, Tensor* x_out) {
+  if (weights.empty() || weights.size() > size_t(kGemvMaxSegments) || biases.size() != weights.size())
+    throw InvalidInput("norm_linears: 1.." + std::to_string(kGemvMaxSegments) + " weights, one bias slot each");
+  const DType act = h.dtype();
+  std::vector<Tensor> ys;
+  ys.reserve(weights.size());
+  for (const Tensor* w : weights) {
+    if (w->size(1) != h.size(1) || w->dtype() != act)
+      throw InvalidInput("norm_linears: the weights of one launch share in_features and dtype with h");
+    ys.push_back(Tensor::empty({h.size(0), w->size(0)}, act, h.device()));
+  }
+  Tensor h_new = delta ? Tensor::empty(h.shape(), act, h.device()) : Tensor();
+  if (x_out) *x_out = Tensor::empty(h.shape(), act, h.device());
+  cudaStream_t s = moex::cuda::current_stream();
+  const int code = act == DType::kBF16 ? moex::cuda::kCodeBF16 : moex::cuda::kCodeF16;
+  auto run = [&](auto t) {
+    using T = decltype(t);
+    NormArgs<T> na{};
+    na.delta = delta ? static_cast<const T*>(delta->raw()) : nullptr;
+    na.w = static_cast<const T*>(norm_weight.raw());
+    na.eps = eps;
+    na.act = code;
+    na.inner = style == RmsNormStyle::kLlama ? code : moex::cuda::kCodeF32;
+    na.x_out = x_out ? static_cast<T*>(x_out->raw()) : nullptr;
+    na.h_out = delta ? static_cast<T*>(h_new.raw()) : nullptr;
+    launch_segments<T>(h, weights, biases, ys, s, &na);
+  };
+  if (act == DType::kBF16) run(__nv_bfloat16{});
+  else run(__half{});
+  if (delta) h = h_new;
   return ys;
 }
 

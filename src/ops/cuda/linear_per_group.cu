@@ -135,8 +135,9 @@ Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_
   const GroupPlan& p = group_plan_for(key);
   const float alpha = 1.0f, beta = 0.0f;
   CublasLt& h = cublaslt(device);
+  cudaStream_t s = moex::cuda::current_stream();
   MOEX_CUBLAS_CHECK(cublasLtMatmul(h.lt, p.desc, &alpha, wp, p.a, xa.raw(), p.b, &beta, y.raw(), p.d, y.raw(), p.d,
-                                   &p.algo, h.workspace, kCublasLtWorkspaceBytes, moex::cuda::current_stream()));
+                                   &p.algo, cublaslt_workspace(device, s), kCublasLtWorkspaceBytes, s));
   if (dt != act) return convert(y, act);
   return y;
 }

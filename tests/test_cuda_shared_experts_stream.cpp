@@ -1,0 +1,136 @@
+// Shared experts on a second stream (LoadOptions::shared_experts_stream): the same bits as in
+// line, in prompts, direct decode steps and replayed graphs; the allocator rule that makes two
+// streams safe (frees held until the join); and the choice itself, which the host never takes.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/device_hooks.hpp"
+#include "model/layers.hpp"
+#include "moex/error.hpp"
+#include "moex/model.hpp"
+#include "support/test_support.hpp"
+#ifdef MOEX_WITH_CUDA
+#include "cuda/runtime.hpp"
+#endif
+
+namespace moex {
+namespace {
+
+TEST(SharedExpertsStream, NeverOnTheHost) {
+  model::GatedMlp mlp;
+  const Tensor x = Tensor::zeros({1, 8}, DType::kF32);
+  for (auto mode : {SharedExpertsStream::kAuto, SharedExpertsStream::kOn, SharedExpertsStream::kOff})
+    EXPECT_FALSE(model::shared_experts_beside(mode, x, mlp));
+  EXPECT_THROW(detail::open_stream_branch(Device::cpu()), Unsupported);
+}
+
+TEST(SharedExpertsStream, CliRejectsAnUnknownMode) {
+  const test::CliResult r =
+      test::run_cli("generate --model " + test::data_path("hf-tiny/qwen2_moe/checkpoint_fp32") +
+                        " --prompt-ids 1,2,3 --shared-experts-stream sometimes",
+                    ::testing::TempDir());
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--shared-experts-stream must be auto, on or off, got 'sometimes'"), std::string::npos) << r.err;
+}
+
+class SharedExpertsStreamGpu : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+std::unique_ptr<CausalLM> load(const std::string& model, const std::string& ckpt, DType dt, SharedExpertsStream mode,
+                               const std::string& backend) {
+  LoadOptions o;
+  o.dtype = dt;
+  o.device = Device::cuda(0);
+  o.experts_implementation = {{"", backend}};
+  o.shared_experts_stream = mode;
+  return from_pretrained(test::data_path("hf-tiny/" + model + "/" + ckpt), o);
+}
+
+GenerationOptions options(bool graph, bool sample) {
+  GenerationOptions g;
+  g.max_new_tokens = 12;
+  g.eos_token_ids = std::vector<int64_t>{};
+  g.cuda_graph = graph;
+  g.do_sample = sample;
+  g.seed = 3;
+  return g;
+}
+
+// kOn puts every call on the branch (prompts of 2 x 70 rows too), kAuto the decode steps; each
+// gives exactly kOff's logits and tokens, with and without the graph, greedy and sampled.
+TEST_P(SharedExpertsStreamGpu, SameBitsAsInLine) {
+  const std::string model = GetParam();
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 140; ++i) ids.push_back((i * 7 + 3) % 50);
+  const Tensor prompt = Tensor::from_ints(ids, {2, 70});
+  const Tensor short_prompt = Tensor::from_ints({5, 9, 2, 7, 1, 3, 8, 4, 6, 2, 5, 1}, {2, 6});
+  for (const char* ckpt : {"checkpoint_fp32", "checkpoint_bf16"}) {
+    const DType dt = std::string(ckpt) == "checkpoint_fp32" ? DType::kF32 : DType::kBF16;
+    for (const char* backend : {"grouped_mm", "batched_mm"}) {
+      auto off = load(model, ckpt, dt, SharedExpertsStream::kOff, backend);
+      const Tensor want = off->logits(prompt);
+      std::vector<std::vector<int64_t>> want_tokens;
+      for (bool graph : {false, true})
+        for (bool sample : {false, true})
+          want_tokens.push_back(off->generate(short_prompt, options(graph, sample)).to_int_vector());
+      off.reset();
+      for (auto mode : {SharedExpertsStream::kOn, SharedExpertsStream::kAuto}) {
+        const std::string what = model + " " + ckpt + " " + backend +
+                                 (mode == SharedExpertsStream::kOn ? " on" : " auto");
+        auto lm = load(model, ckpt, dt, mode, backend);
+        const Tensor got = lm->logits(prompt);
+        EXPECT_EQ(got.to(Device::cpu()).to_float_vector(), want.to(Device::cpu()).to_float_vector()) << what;
+        size_t i = 0;
+        for (bool graph : {false, true})
+          for (bool sample : {false, true}) {
+            EXPECT_EQ(lm->generate(short_prompt, options(graph, sample)).to_int_vector(), want_tokens[i++])
+                << what << (graph ? " graph" : " direct") << (sample ? " sampled" : " greedy");
+            EXPECT_EQ(lm->last_generation_stats().graph, graph) << lm->last_generation_stats().graph_note;
+          }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(SharedExpertModels, SharedExpertsStreamGpu, ::testing::Values("qwen2_moe", "deepseek_v3"));
+
+#ifdef MOEX_WITH_CUDA
+// While a branch is open a freed block is not handed out again (the other stream may still read
+// it); after the join it is.
+TEST(SharedExpertsStreamAllocator, FreesAreHeldUntilTheJoin) {
+  if (test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  const size_t bytes = size_t(3) << 20;
+  void* warm = cuda::cache_alloc(bytes, 0);
+  cuda::cache_free(warm, 0);
+  void* held = nullptr;
+  {
+    auto branch = detail::open_stream_branch(Device::cuda(0));
+    {
+      detail::StreamBranch::Side side(*branch);
+      held = cuda::cache_alloc(bytes, 0);
+      EXPECT_EQ(cuda::current_stream(), cuda::side_stream());
+    }
+    EXPECT_NE(cuda::current_stream(), cuda::side_stream());
+    cuda::cache_free(held, 0);
+    void* other = cuda::cache_alloc(bytes, 0);
+    EXPECT_NE(other, held);
+    cuda::cache_free(other, 0);
+    branch->join();
+  }
+  void* again = cuda::cache_alloc(bytes, 0);
+  void* again2 = cuda::cache_alloc(bytes, 0);
+  EXPECT_TRUE(again == held || again2 == held);
+  cuda::cache_free(again, 0);
+  cuda::cache_free(again2, 0);
+  cuda::synchronize();
+}
+#endif
+
+}  // namespace
+}  // namespace moex
