@@ -463,6 +463,47 @@ TEST(CudaOps, RopeTwoTensorsIsTwoRopes) {
       }
 }
 
+// rope_kv_append_ against rope2_ then kv_append: q, k and both caches bit for bit, at a first
+// append (the cache allocated) and at a later one into a cache that must grow, padded batches.
+TEST(CudaOps, RopeKvAppendIsRopeThenAppend) {
+  if (moex::test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 4650;
+  const std::tuple<int64_t, int64_t, int64_t> heads_dim[] = {{16, 16, 128}, {4, 9, 64}, {6, 2, 32}};
+  for (DType act : kActs)
+    for (auto [hq, hk, dim] : heads_dim)
+      for (auto [B, T] : {std::pair<int64_t, int64_t>{1, 1}, {3, 5}}) {
+        const ops::Rope rope = make_rope(dim, 1e6, 1.0);
+        ops::LayerKV want_kv, got_kv;
+        want_kv.capacity_hint = got_kv.capacity_hint = 6;
+        int64_t past = 0;
+        for (int step_i = 0; step_i < 3; ++step_i) {
+          ops::Step s = padded_step(B, T, past, ++seed);
+          ops::make_device_step(s, Device::cuda(0));
+          const int64_t rows = B * T;
+          Tensor q = device(host(random_values(size_t(rows * hq * dim), ++seed, act), {rows, hq * dim}), act);
+          Tensor k = device(host(random_values(size_t(rows * hk * dim), ++seed, act), {rows, hk * dim}), act);
+          const Tensor v = device(host(random_values(size_t(rows * hk * dim), ++seed, act), {rows, hk * dim}), act);
+          Tensor q1 = q.clone(), k1 = k.clone();
+          ops::rope2_(q1, hq, k1, hk, dim, 0, rope, ops::RopeLayout::kHalf, s, act);
+          ops::kv_append(want_kv, k1, v, s);
+          ops::rope_kv_append_(q, hq, k, hk, v, got_kv, dim, rope, ops::RopeLayout::kHalf, s, act);
+          const std::string what = name(act) + " heads " + std::to_string(hq) + "/" + std::to_string(hk) +
+                                   " B " + std::to_string(B) + " T " + std::to_string(T) + " step " +
+                                   std::to_string(step_i);
+          expect_exact(values(q1), values(q), "q " + what);
+          expect_exact(values(k1), values(k), "k " + what);
+          ASSERT_EQ(got_kv.filled, want_kv.filled) << what;
+          ASSERT_EQ(got_kv.capacity(), want_kv.capacity()) << what;
+          // Columns past `filled` are unwritten in both: compare the written ones.
+          expect_exact(values(ops::kv_columns(want_kv.k, want_kv.filled)), values(ops::kv_columns(got_kv.k, got_kv.filled)),
+                       "k cache " + what);
+          expect_exact(values(ops::kv_columns(want_kv.v, want_kv.filled)), values(ops::kv_columns(got_kv.v, got_kv.filled)),
+                       "v cache " + what);
+          past += T;
+        }
+      }
+}
+
 // ---------------------------------------------------------------- routing
 
 // The host's slot lists and weights against the device's; choices exact, weights to the rounding

@@ -99,11 +99,11 @@ class GptOssLM final : public DecoderLM {
     Tensor x = ops::rms_norm(h, L.input_norm, eps_, dt, 0, ops::RmsNormStyle::kGptOss);
     std::vector<Tensor> qkv = linears(x, {&L.q_proj, &L.k_proj, &L.v_proj}, dt);
     Tensor q = std::move(qkv[0]), k = std::move(qkv[1]), v = std::move(qkv[2]);
-    ops::rope2_(q, heads_, k, kv_heads_, head_dim_, 0, rope_, RopeLayout::kHalf, step, dt);
+    ops::rope_kv_append_(q, heads_, k, kv_heads_, v, kv, head_dim_, rope_, RopeLayout::kHalf, step, dt);
     AttentionSpec spec = gqa_spec(heads_, kv_heads_, head_dim_, L.sliding_window);
     spec.sinks = L.sinks;
     spec.eager_rounding = true;  // gpt-oss runs transformers' eager attention (no sdpa)
-    x = ops::add_rms_norm(h, linear(attend(q, k, v, kv, step, spec, dt), L.o_proj, dt), L.post_norm, eps_, dt,
+    x = ops::add_rms_norm(h, linear(ops::attention(q, kv, step, spec, dt), L.o_proj, dt), L.post_norm, eps_, dt,
                           ops::RmsNormStyle::kGptOss);
     Routing routing = ops::topk_softmax(linear(x, L.router, dt), top_k_, dt);
     ops::add_(h, run_experts(experts_[size_t(layer)], experts_backend(), x, routing, dt), dt);

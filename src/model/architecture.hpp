@@ -78,7 +78,7 @@ class DecoderLM : public CausalLM {
             std::string weights_prefix = "model.");
 
   // One decoder layer on h [step.rows(), hidden] (float32 holding act values), in place,
-  // residual connections included. `kv` is this layer's cache (attend() appends to it).
+  // residual connections included. `kv` is this layer's cache (the layer appends its keys and values).
   virtual void layer_forward(int64_t layer, Tensor& h, const Step& step, LayerKV& kv) = 0;
 
   // The last step of an MoE architecture's constructor, once `modules` (a container of Experts

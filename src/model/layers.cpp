@@ -218,12 +218,6 @@ AttentionSpec gqa_spec(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_
   return s;
 }
 
-Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, LayerKV& kv, const Step& step,
-              const AttentionSpec& spec, DType act) {
-  ops::kv_append(kv, k, v, step);
-  return ops::attention(q, kv, step, spec, act);
-}
-
 // ---- MLP / MoE ----
 
 GatedMlp load_gated_mlp(const Checkpoint& ckpt, const std::string& prefix, int64_t hidden,

@@ -87,9 +87,6 @@ Rope make_rope(const nlohmann::json& config, int64_t rotary_dim,
 
 // Grouped-query attention over `head_dim`-wide heads with the usual 1/sqrt(head_dim) scale.
 AttentionSpec gqa_spec(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t sliding_window = 0);
-// Appends k, v to this layer's cache and attends q over it (ops::kv_append + ops::attention).
-Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, LayerKV& kv, const Step& step,
-              const AttentionSpec& spec, DType act);
 
 // ---- MLP and MoE ----
 

@@ -183,10 +183,11 @@ void SparseMoeLM::layer_forward(int64_t layer, Tensor& h, const Step& step, Laye
     ops::rms_norm_(q, L.q_norm, eps, a, group);
     ops::rms_norm_(k, L.k_norm, eps, a, group);
   }
-  ops::rope2_(q, cfg().num_heads, k, cfg().num_kv_heads, hd, 0, rope_, RopeLayout::kHalf, step, a);
+  // Rotate q and k and append k and v to the cache: one launch on a device.
+  ops::rope_kv_append_(q, cfg().num_heads, k, cfg().num_kv_heads, v, kv, hd, rope_, RopeLayout::kHalf, step, a);
   AttentionSpec spec = attn_;
   spec.sliding_window = L.sliding_window;
-  const Tensor attn_out = linear(attend(q, k, v, kv, step, spec, a), L.o, a);
+  const Tensor attn_out = linear(ops::attention(q, kv, step, spec, a), L.o, a);
   if (L.moe) {
     moe_forward(L, attn_out, h);
   } else {

@@ -132,6 +132,17 @@ void rope2_(Tensor& a, int64_t heads_a, Tensor& b, int64_t heads_b, int64_t head
       MOEX_OPS_DEVICE(rope2_(a, heads_a, b, heads_b, head_stride, offset, rope, layout, step, act)));
 }
 
+void rope_kv_append_(Tensor& q, int64_t heads_q, Tensor& k, int64_t heads_k, const Tensor& v, LayerKV& kv,
+                     int64_t head_dim, const Rope& rope, RopeLayout layout, const Step& step, DType act) {
+  dispatch(
+      "rope_kv_append", q.device(),
+      [&] {
+        rope2_(q, heads_q, k, heads_k, head_dim, 0, rope, layout, step, act);
+        kv_append(kv, k, v, step);
+      },
+      MOEX_OPS_DEVICE(rope_kv_append_(q, heads_q, k, heads_k, v, kv, head_dim, rope, layout, step, act)));
+}
+
 LinearWeight prepare_linear(const Tensor& weight, bool keep_tensor) {
   if (weight.device().is_cuda()) {
     LinearWeight w;

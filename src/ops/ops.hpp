@@ -193,6 +193,11 @@ void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const 
 // rope_(a, heads_a, ...) and rope_(b, heads_b, ...) (q and k; one launch on a device).
 void rope2_(Tensor& a, int64_t heads_a, Tensor& b, int64_t heads_b, int64_t head_stride, int64_t offset,
             const Rope& rope, RopeLayout layout, const Step& step, DType act);
+// rope2_(q, heads_q, k, heads_k, head_dim, 0, ...) over whole heads, then kv_append(kv, k, v,
+// step), with the same results; on a device one launch where q, k, v and the cache share a
+// dtype (the rotated k goes to its cache row as it is written), else the two ops.
+void rope_kv_append_(Tensor& q, int64_t heads_q, Tensor& k, int64_t heads_k, const Tensor& v, LayerKV& kv,
+                     int64_t head_dim, const Rope& rope, RopeLayout layout, const Step& step, DType act);
 
 // ---- linear ----
 

@@ -32,6 +32,9 @@ void make_device_step(Step& step, Device device);
 Tensor convert(const Tensor& x, DType dtype);
 
 void kv_append(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step);
+// kv_append's host part: the cache allocated or grown for this step's columns (the copy is the
+// caller's; kv.filled is not advanced).
+void kv_reserve(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step);
 Tensor kv_columns(const Tensor& cache, int64_t n);
 
 void round_(Tensor& x, DType act);
@@ -58,6 +61,8 @@ void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const 
 // rope_ on two tensors of the same rows (q and k) in one launch.
 void rope2_(Tensor& a, int64_t heads_a, Tensor& b, int64_t heads_b, int64_t head_stride, int64_t offset,
             const Rope& rope, RopeLayout layout, const Step& step, DType act);
+void rope_kv_append_(Tensor& q, int64_t heads_q, Tensor& k, int64_t heads_k, const Tensor& v, LayerKV& kv,
+                     int64_t head_dim, const Rope& rope, RopeLayout layout, const Step& step, DType act);
 
 // cuBLASLt (fp32 without TF32; bf16 / f16 with float32 accumulation), bias and rounding in the
 // epilogue.

@@ -104,18 +104,26 @@ void copy_rows(Tensor& cache, const Tensor& x, Tensor* cache2, const Tensor* x2,
 
 }  // namespace
 
-void kv_append(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step) {
+void kv_reserve(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step) {
   const Device dev = k.device();
   moex::cuda::DeviceGuard guard(dev.index);
-  cudaStream_t stream = moex::cuda::current_stream();
   const int64_t need = kv.filled + step.tokens;
   if (!kv.k.defined() || need > kv.capacity()) {
     // First use: what the caller planned for; later: double, so that appends stay amortised O(1).
+    cudaStream_t stream = moex::cuda::current_stream();
     const int64_t cap = kv.k.defined() ? std::max(need, 2 * kv.capacity()) : std::max(need, kv.capacity_hint);
     const DType dtype = kv.k.defined() ? kv.k.dtype() : k.dtype();
     kv.k = regrow(kv.k, dtype, dev, step.batch, cap, k.size(1), kv.filled, stream);
     if (v.defined()) kv.v = regrow(kv.v, dtype, dev, step.batch, cap, v.size(1), kv.filled, stream);
   }
+}
+
+void kv_append(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step) {
+  const Device dev = k.device();
+  moex::cuda::DeviceGuard guard(dev.index);
+  cudaStream_t stream = moex::cuda::current_stream();
+  const int64_t need = kv.filled + step.tokens;
+  kv_reserve(kv, k, v, step);
   if (step.rows() > 0) {
     if (!step.device.defined()) throw InvalidInput("kv_append on CUDA: the step has no device mirror (make_device_step)");
     copy_rows(kv.k, k, v.defined() ? &kv.v : nullptr, v.defined() ? &v : nullptr, step, stream);

@@ -46,12 +46,30 @@ struct RopeParams {
   float scale;               // attention_scaling, as float (the host's factor)
   int act;
   bool interleaved;
+  // rope_kv_append_: target 1 (k) is also written to its cache row, and blockIdx.y == 2 copies
+  // the row of v to its cache row; row r = b * tokens + t goes to column past + t of sequence b.
+  void* k_cache;
+  const void* v;
+  void* v_cache;
+  int64_t v_width;
+  int64_t capacity;
+  int tokens;
+  const int32_t* step;  // step[0]: past
 };
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p) {
   moex::cuda::pdl_enter();
   const int64_t row = blockIdx.x;
+  const int64_t cache_row = p.k_cache ? (row / p.tokens) * p.capacity + p.step[0] + row % p.tokens : 0;
+  if (blockIdx.y == 2) {  // v into its cache row
+    const T* src = static_cast<const T*>(p.v) + row * p.v_width;
+    T* dst = static_cast<T*>(p.v_cache) + cache_row * p.v_width;
+    for (int64_t e = threadIdx.y * blockDim.x + threadIdx.x; e < p.v_width; e += blockDim.x * blockDim.y)
+      dst[e] = src[e];
+    return;
+  }
+  T* cached = blockIdx.y == 1 && p.k_cache ? static_cast<T*>(p.k_cache) + cache_row * p.target[1].width : nullptr;
   T* x = static_cast<T*>(p.target[blockIdx.y].x);
   const int64_t width = p.target[blockIdx.y].width;
   const int heads = p.target[blockIdx.y].heads;
@@ -79,8 +97,15 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p) {
       // (x * cos) + (rotate_half(x) * sin), every product and sum rounded as torch's bf16 ops.
       const float a = round_to(__fmul_rn(x1, c), p.act), b = round_to(__fmul_rn(-x2, s), p.act);
       const float d = round_to(__fmul_rn(x2, c), p.act), e = round_to(__fmul_rn(x1, s), p.act);
-      v[i] = from_float<T>(round_to(__fadd_rn(a, b), p.act));
-      v[i + p.half] = from_float<T>(round_to(__fadd_rn(d, e), p.act));
+      const T lo = from_float<T>(round_to(__fadd_rn(a, b), p.act));
+      const T hi = from_float<T>(round_to(__fadd_rn(d, e), p.act));
+      v[i] = lo;
+      v[i + p.half] = hi;
+      if (cached) {
+        T* cv = cached + int64_t(h) * p.head_stride;
+        cv[i] = lo;
+        cv[i + p.half] = hi;
+      }
     }
     // Threads of a row stay in step so that the next head's reads follow this head's writes
     // only through disjoint addresses; no second barrier is needed.
@@ -91,8 +116,10 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p) {
 
 namespace {
 
+// With kv (rope_kv_append_): b is k, rotated into its cache too, and v is copied to its cache.
 void launch_rope(Tensor& a, int64_t heads_a, Tensor* b, int64_t heads_b, int64_t head_stride, int64_t offset,
-                 const Rope& rope, RopeLayout layout, const Step& step, DType act) {
+                 const Rope& rope, RopeLayout layout, const Step& step, DType act, LayerKV* kv = nullptr,
+                 const Tensor* v = nullptr) {
   const int64_t rows = step.rows(), half = rope.rotary_dim / 2;
   if (rows == 0 || half == 0) return;
   if (half > kMaxPairs || int64_t(rope.inv_freq.size()) < half)
@@ -115,6 +142,15 @@ void launch_rope(Tensor& a, int64_t heads_a, Tensor* b, int64_t heads_b, int64_t
   p.scale = float(rope.attention_scaling);
   p.act = float_code(act, "rope");
   p.interleaved = layout == RopeLayout::kInterleaved;
+  if (kv) {
+    p.k_cache = kv->k.raw();
+    p.v = v->raw();
+    p.v_cache = kv->v.raw();
+    p.v_width = v->size(1);
+    p.capacity = kv->capacity();
+    p.tokens = int(step.tokens);
+    p.step = device_step_data(step, dev, "rope_kv_append");
+  }
 
   // x: the pairs, rounded up to whole warps; y: heads side by side up to kThreads threads.
   const int tx = int((half + 31) / 32 * 32);
@@ -122,7 +158,8 @@ void launch_rope(Tensor& a, int64_t heads_a, Tensor* b, int64_t heads_b, int64_t
   moex::cuda::DeviceGuard g(dev.index);
   with_float_type(a.dtype(), "rope", [&](auto t) {
     using T = decltype(t);
-    moex::cuda::launch_pdl_here(rope_kernel<T>, dim3(unsigned(rows), b ? 2u : 1u), dim3(unsigned(tx), unsigned(ty)), 0, moex::cuda::current_stream(), p);
+    moex::cuda::launch_pdl_here(rope_kernel<T>, dim3(unsigned(rows), kv ? 3u : b ? 2u : 1u),
+                                dim3(unsigned(tx), unsigned(ty)), 0, moex::cuda::current_stream(), p);
   });
   MOEX_CUDA_CHECK_LAUNCH(rope_kernel);
 }
@@ -142,6 +179,28 @@ void rope2_(Tensor& a, int64_t heads_a, Tensor& b, int64_t heads_b, int64_t head
     return;
   }
   launch_rope(a, heads_a, &b, heads_b, head_stride, offset, rope, layout, step, act);
+}
+
+void rope_kv_append_(Tensor& q, int64_t heads_q, Tensor& k, int64_t heads_k, const Tensor& v, LayerKV& kv,
+                     int64_t head_dim, const Rope& rope, RopeLayout layout, const Step& step, DType act) {
+  // One launch: q, k, v and the cache of one dtype, whole heads rotated (a partial rotary would
+  // leave the rest of k's row to copy), contiguous rows of k and v as wide as the cache's.
+  const DType dt = q.dtype();
+  const bool same = k.dtype() == dt && v.defined() && v.dtype() == dt && (!kv.k.defined() || kv.k.dtype() == dt) &&
+                    (!kv.v.defined() || kv.v.dtype() == dt);
+  const bool one = same && rope.rotary_dim == head_dim && k.is_contiguous() && v.is_contiguous() &&
+                   k.size(1) == heads_k * head_dim && step.rows() > 0;
+  if (!one) {
+    cuda::rope2_(q, heads_q, k, heads_k, head_dim, 0, rope, layout, step, act);
+    cuda::kv_append(kv, k, v, step);
+    return;
+  }
+  kv_reserve(kv, k, v, step);
+  if (kv.k.size(2) != k.size(1) || kv.v.size(2) != v.size(1))
+    throw InvalidInput("rope_kv_append: k / v rows of " + std::to_string(k.size(1)) + " / " + std::to_string(v.size(1)) +
+                       " values for a cache of " + std::to_string(kv.k.size(2)) + " / " + std::to_string(kv.v.size(2)));
+  launch_rope(q, heads_q, &k, heads_k, head_dim, 0, rope, layout, step, act, &kv, &v);
+  kv.filled += step.tokens;
 }
 
 }  // namespace moex::ops::cuda
