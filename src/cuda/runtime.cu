@@ -98,7 +98,7 @@ cudaStream_t current_stream() {
     cudaStream_t s = nullptr;
     int least = 0, greatest = 0;
     MOEX_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    MOEX_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+    MOEX_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, stream_priorities() ? greatest : least));
     t_streams[d] = s;
     t_stream_set[d] = true;
   }
@@ -113,6 +113,14 @@ void set_current_stream(cudaStream_t s) {
 }
 
 void synchronize() { MOEX_CUDA_CHECK(cudaStreamSynchronize(current_stream())); }
+
+bool stream_priorities() {
+  static const bool on = [] {
+    const char* e = std::getenv("MOEX_STREAM_PRIORITIES");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
 
 cudaStream_t side_stream() {
   thread_local cudaStream_t side[kMaxDevices] = {};

@@ -78,6 +78,9 @@ void synchronize();                       // the current stream
 // A second stream of the current device for this thread (non-blocking, created on first use), for
 // work that runs beside the current stream's (stream_branch.cpp forks and joins it).
 cudaStream_t side_stream();
+// Whether current_stream() is made at the device's greatest priority (side_stream() at its least);
+// MOEX_STREAM_PRIORITIES=0 makes both the default, for measuring.
+bool stream_priorities();
 
 // ---- memory ----
 // Caching allocator: 256-byte aligned device memory; the release returns the block to the cache.
