@@ -51,14 +51,7 @@ Tensor on_gpu(const Tensor& t) { return t.defined() ? t.to(Device::cuda()) : t; 
 
 ExpertsSpec bf16_spec(int64_t E, int64_t H, int64_t I, bool gated = true, bool bias = false,
                       Activation act = Activation::kSilu) {
-  ExpertsSpec s;
-  s.num_experts = E;
-  s.hidden = H;
-  s.intermediate = I;
-  s.has_gate = gated;
-  s.has_bias = bias;
-  s.act = act;
-  return s;
+  return make_experts_spec(ExpertsLayout{gated, bias, /*transposed=*/false, /*concat=*/true}, E, H, I, act);
 }
 
 mc::ExpertsShape shape(bool fp8, int64_t T, int64_t k, int E, int H, int I) {

@@ -189,19 +189,28 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType a
   return y;
 }
 
+namespace {
+// Whether linears of x run as one GEMV launch (every weight unquantized, gemv_serves, one
+// in_features, x's width); fills the launch's weight and bias lists either way.
+bool one_gemv_launch(const Tensor& x, std::span<const LinearOf> ls, DType act, std::vector<const Tensor*>& ws,
+                     std::vector<const Tensor*>& bs) {
+  const Tensor none;
+  bool one = !ls.empty() && ls.size() <= size_t(kGemvMaxSegments);
+  for (const LinearOf& l : ls) {
+    ws.push_back(&l.weight->tensor);
+    bs.push_back(l.bias);
+    one = one && !l.weight->quantized() && gemv_serves(x, l.weight->tensor, l.bias ? *l.bias : none, act) &&
+          l.weight->tensor.size(1) == x.size(1);
+  }
+  return one;
+}
+}  // namespace
+
 std::vector<Tensor> linears(const Tensor& x, std::span<const LinearOf> ls, DType act) {
   moex::cuda::DeviceGuard guard(x.device().index);
-  const Tensor none;
   std::vector<const Tensor*> ws, bs;
-  bool one_launch = !ls.empty() && ls.size() <= size_t(kGemvMaxSegments);
-  for (const LinearOf& l : ls) {
-    const Tensor& b = l.bias ? *l.bias : none;
-    ws.push_back(&l.weight->tensor);
-    bs.push_back(&b == &none ? nullptr : l.bias);
-    one_launch = one_launch && !l.weight->quantized() && gemv_serves(x, l.weight->tensor, b, act) &&
-                 l.weight->tensor.size(1) == ls[0].weight->tensor.size(1);
-  }
-  if (one_launch) return linear_gemv_segments(x, ws, bs);
+  if (one_gemv_launch(x, ls, act, ws, bs)) return linear_gemv_segments(x, ws, bs);
+  const Tensor none;
   std::vector<Tensor> ys;
   for (const LinearOf& l : ls)
     ys.push_back(l.weight->quantized() ? linear_quantized(x, *l.weight, l.bias ? *l.bias : none, act)
@@ -216,18 +225,9 @@ std::vector<Tensor> norm_linears(Tensor& h, const Tensor* delta, const NormOf& n
     const char* e = std::getenv("MOEX_NORM_GEMV");
     return !(e && std::string(e) == "0");
   }();
-  const Tensor none;
   std::vector<const Tensor*> ws, bs;
-  bool one_launch = enabled && !ls.empty() && ls.size() <= size_t(kGemvMaxSegments) &&
-                    norm_gemv_serves(h, delta, *norm.weight, act);
-  for (const LinearOf& l : ls) {
-    const Tensor& b = l.bias ? *l.bias : none;
-    ws.push_back(&l.weight->tensor);
-    bs.push_back(l.bias);
-    one_launch = one_launch && !l.weight->quantized() && gemv_serves(h, l.weight->tensor, b, act) &&
-                 l.weight->tensor.size(1) == h.size(1);
-  }
-  if (one_launch) return norm_linear_gemv_segments(h, delta, *norm.weight, norm.eps, norm.style, ws, bs, x_out);
+  if (enabled && norm_gemv_serves(h, delta, *norm.weight, act) && one_gemv_launch(h, ls, act, ws, bs))
+    return norm_linear_gemv_segments(h, delta, *norm.weight, norm.eps, norm.style, ws, bs, x_out);
   Tensor x = delta ? cuda::add_rms_norm(h, *delta, *norm.weight, norm.eps, act, norm.style)
                    : cuda::rms_norm(h, *norm.weight, norm.eps, act, 0, norm.style);
   std::vector<Tensor> ys = cuda::linears(x, ls, act);
