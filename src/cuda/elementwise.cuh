@@ -24,7 +24,14 @@ __global__ void combine_kernel(const float* __restrict__ y, const int* __restric
   if (col >= hidden) return;
   float acc[V] = {};
   for (int j = 0; j < top_k; ++j) {
-    int pos = pos_of_pair[t * top_k + j];
+    // No pos_of_pair: pair p's output is row p (batched_mm), none for a sentinel id.
+    int pos;
+    if (pos_of_pair) {
+      pos = pos_of_pair[t * top_k + j];
+    } else {
+      const int64_t id = int64_t(idx[t * top_k + j]);
+      pos = id >= 0 && id < experts ? int(t * top_k + j) : -1;
+    }
     if (pos < 0) continue;
     int64_t wi = per_expert ? t * experts + int64_t(idx[t * top_k + j]) : t * top_k + j;
     const float w = load_float(weights, weights_code, wi);

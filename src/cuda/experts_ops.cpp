@@ -121,6 +121,11 @@ GroupedGemmArgs gemm_args(const ExpertsArgs& a, const Workspace& w, GemmKind kin
     g.a_sorted = w.h;
     g.w_rows_total = a.experts * H;
   }
+  if (!w.tiles) {  // batched_mm: the pairs' experts read by the GEMMs (block_tile)
+    g.pair_expert = a.top_k_index;
+    g.pair_i64 = a.index_i64;
+    g.experts = a.experts;
+  }
   if (a.quantized) {  // weights are bytes (FP8) or nibble pairs (FP4)
     const auto& q = kind == GemmKind::kGateUp ? a.gate_up_q : a.down_q;
     g.w_expert_stride = (kind == GemmKind::kGateUp ? R * H : H * I) / (q.fp4 ? 2 : 1);
@@ -312,8 +317,12 @@ void batched_mm_experts(const ExpertsArgs& a, const ExpertsPlan& plan, void* wor
   if (a.tokens <= 0) return;
   const int64_t P = pairs_of(a);
   Workspace w = carve(a, int(std::max<int64_t>(P, 1)), Extra::kNone, workspace);
-  launch_route_per_pair(a.top_k_index, a.index_i64, P, a.experts, w.sorted_pair, w.pos_of_pair,
-                        w.tiles, w.num_tiles, s);
+  // No routing kernel: pair p is its own tile and output row p, the GEMMs read each pair's expert
+  // from top_k_index and the combine skips sentinel ids itself (one launch fewer on the decode
+  // chain from the router to the experts).
+  w.sorted_pair = w.pos_of_pair = nullptr;
+  w.tiles = nullptr;
+  w.num_tiles = nullptr;
   run_gemms(a, w, plan, s);
   run_combine(a, w, s);
 }

@@ -2,8 +2,9 @@
 // ExpertsArgs), a plan chosen by a pure function of the shape and device (experts_plan.hpp) and
 // passed in as a value, launchers called in order.
 //
-//   batched_mm: route_per_pair -> gate_up GEMM (one tile per pair: the pair's expert rows are
-//               streamed from the weight tensor, nothing is copied) -> down GEMM -> combine
+//   batched_mm: gate_up GEMM (one tile per pair, its expert read from top_k_index by the GEMM:
+//               no routing kernel; the pair's expert rows are streamed from the weight tensor,
+//               nothing is copied) -> down GEMM -> combine
 //   grouped_mm: route_by_expert -> grouped gate_up GEMM (gather fused in the A loads, activation
 //               fused in the epilogue) -> grouped down GEMM -> combine. On Hopper, 128-row tiles
 //               run the TMA + wgmma kernel instead, which needs A contiguous: a gather into

@@ -133,7 +133,7 @@ ExpertsPlan plan_batched_mm(const ExpertsShape& s, const DeviceTraits& d) {
   }
   if (!mma_applies(s)) {
     ExpertsPlan p = simt_plan();
-    p.raster_tiles = 1;  // (route_per_pair makes no raster groups)
+    p.raster_tiles = 1;  // (per-pair tiles make no raster groups)
     return p;
   }
   ExpertsPlan p;

@@ -34,6 +34,9 @@ struct GemmParams {
   bool concatenated;
   ActParams ap;
   void* out;
+  const void* pair_expert;  // GroupedGemmArgs::pair_expert
+  bool pair_i64;
+  int experts;
 };
 
 inline GemmParams to_params(const GroupedGemmArgs& g) {
@@ -54,6 +57,9 @@ inline GemmParams to_params(const GroupedGemmArgs& g) {
   p.concatenated = g.concatenated;
   p.ap = ActParams{g.act, g.limit, g.alpha};
   p.out = g.out;
+  p.pair_expert = g.pair_expert;
+  p.pair_i64 = g.pair_i64;
+  p.experts = g.experts;
   return p;
 }
 
@@ -65,11 +71,32 @@ __device__ __forceinline__ int64_t b_source_row(const GemmParams& p, int j, int 
   return p.concatenated ? (g ? int64_t(p.I) + j : int64_t(j)) : 2 * int64_t(j) + g;
 }
 
+// The route tile of this block (blockIdx.x); false when the block has none (past the tiles, an
+// empty slot, a sentinel pair). Per pair (p.pair_expert), the expert id comes straight from the
+// router's output, so batched_mm needs no routing kernel between the router and its GEMMs.
+__device__ __forceinline__ bool block_tile(const GemmParams& p, Tile& t) {
+  const int b = int(blockIdx.x);
+  if (p.pair_expert) {
+    const int64_t id = p.pair_i64 ? static_cast<const int64_t*>(p.pair_expert)[b]
+                                  : int64_t(static_cast<const int*>(p.pair_expert)[b]);
+    t = Tile{int(id), b, 1, 0};
+    return id >= 0 && id < p.experts;
+  }
+  if (b >= *p.num_tiles) return false;
+  t = p.tiles[b];
+  return t.rows > 0;
+}
+
+// The token whose hidden row gate_up reads at sorted position `pos`.
+__device__ __forceinline__ int64_t token_at(const GemmParams& p, int pos) {
+  return (p.sorted_pair ? p.sorted_pair[pos] : pos) / p.top_k;
+}
+
 // First element of A row `pos` (a sorted position).
 template <class T, GemmKind kKind>
 __device__ __forceinline__ const T* a_row(const GemmParams& p, int pos) {
   const T* a = static_cast<const T*>(p.a);
-  if (kKind == GemmKind::kGateUp) return a + int64_t(p.sorted_pair[pos] / p.top_k) * p.K;
+  if (kKind == GemmKind::kGateUp) return a + token_at(p, pos) * p.K;
   return a + int64_t(pos) * p.K;
 }
 

@@ -56,9 +56,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_mma_kernel(GemmPar
   constexpr int B_ITERS = (B_CHUNKS + NT - 1) / NT;
   constexpr int A_STAGE = BM * BK, B_STAGE = BNB * BK;
 
-  if (int(blockIdx.x) >= *p.num_tiles) return;
-  const Tile tile = p.tiles[blockIdx.x];
-  if (tile.rows <= 0) return;
+  Tile tile;
+  if (!block_tile(p, tile)) return;
   const int n0 = blockIdx.y * BN;
   if (n0 >= p.N) return;
 

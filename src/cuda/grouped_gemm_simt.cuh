@@ -15,9 +15,8 @@ constexpr int kSimtBK = 16;
 template <class T, GemmKind kKind, int kGroups, bool kTransB>
 __global__ void __launch_bounds__(256) grouped_gemm_simt_kernel(GemmParams p) {
   constexpr int BM = kSimtTileRows, BN = kSimtBN, BK = kSimtBK;
-  if (int(blockIdx.x) >= *p.num_tiles) return;
-  const Tile tile = p.tiles[blockIdx.x];
-  if (tile.rows <= 0) return;
+  Tile tile;
+  if (!block_tile(p, tile)) return;
   const int n0 = blockIdx.y * BN;
   if (n0 >= p.N) return;
   __shared__ float As[BK][BM + 1];

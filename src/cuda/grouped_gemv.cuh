@@ -32,9 +32,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) grouped_gemv_kernel(GemmParam
   // but the launch itself overlaps it (pdl.cuh).
   pdl_wait();
   pdl_trigger();
-  if (int(blockIdx.x) >= *p.num_tiles) return;
-  const Tile tile = p.tiles[blockIdx.x];
-  if (tile.rows <= 0) return;
+  Tile tile;
+  if (!block_tile(p, tile)) return;
   const int j0 = int(blockIdx.y) * kGemvColumns;
   if (j0 >= p.N) return;
   const int cols = min(kGemvColumns, p.N - j0);

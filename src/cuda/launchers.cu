@@ -50,19 +50,6 @@ void launch_route_by_expert(const void* idx, bool index_i64, int64_t pairs, int 
   MOEX_CUDA_CHECK_LAUNCH(route_by_expert_kernel);
 }
 
-void launch_route_per_pair(const void* idx, bool index_i64, int64_t pairs, int experts,
-                           int* sorted_pair, int* pos_of_pair, Tile* tiles, int* num_tiles,
-                           cudaStream_t stream) {
-  unsigned blocks = unsigned(std::max<int64_t>(1, (pairs + 255) / 256));
-  if (index_i64)
-    launch_pdl_here(route_per_pair_kernel<int64_t>, dim3(blocks), dim3(256), 0, stream,
-        static_cast<const int64_t*>(idx), pairs, experts, sorted_pair, pos_of_pair, tiles, num_tiles);
-  else
-    launch_pdl_here(route_per_pair_kernel<int32_t>, dim3(blocks), dim3(256), 0, stream,
-        static_cast<const int32_t*>(idx), pairs, experts, sorted_pair, pos_of_pair, tiles, num_tiles);
-  MOEX_CUDA_CHECK_LAUNCH(route_per_pair_kernel);
-}
-
 // ---------------------------------------------------------------- grouped GEMMs
 
 void launch_grouped_gemm_mma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {

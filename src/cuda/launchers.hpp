@@ -19,7 +19,7 @@ size_t elem_size(Elem e);
 // routed to `expert`. rows == 0 marks an unused slot. `group` places the tile in its raster group
 // (consecutive tiles of one expert that the wgmma kernel computes column block by column block,
 // see work_item in grouped_gemm_wgmma.cuh): (group size << 16) | index within the group; 0 for
-// tiles that are not grouped (route_per_pair).
+// tiles that are not grouped.
 struct Tile {
   int expert;
   int row_start;
@@ -42,10 +42,6 @@ void launch_route_by_expert(const void* top_k_index, bool index_i64, int64_t pai
                             int tile_rows, int raster_tiles, int* offsets, int* sorted_pair,
                             int* pos_of_pair, Tile* tiles, int max_tiles, int* num_tiles,
                             cudaStream_t stream);
-// batched_mm's routing: no grouping; pair p is its own tile {id, p, 1} at sorted position p.
-void launch_route_per_pair(const void* top_k_index, bool index_i64, int64_t pairs, int experts,
-                           int* sorted_pair, int* pos_of_pair, Tile* tiles, int* num_tiles,
-                           cudaStream_t stream);
 
 // ---- grouped GEMMs ----
 // kind kGateUp: A row r = hidden[sorted_pair[r] / top_k], B = gate_up rows of the tile's expert;
@@ -78,6 +74,13 @@ struct GroupedGemmArgs {
   const void* a_sorted = nullptr;
   int64_t a_rows = 0;
   int64_t w_rows_total = 0;  // E * rows per expert (the B tensor map's extent)
+  // batched_mm's routing read by the GEMM itself, with no routing kernel before it: when set,
+  // tiles / num_tiles / sorted_pair are not read; block b's tile is pair b, one row at position
+  // b of its expert pair_expert[b] (int64 when pair_i64; none for an id outside [0, experts)),
+  // and gate_up's A row at position r is token r / top_k. The grid is then one tile per pair.
+  const void* pair_expert = nullptr;
+  bool pair_i64 = false;
+  int experts = 0;
 };
 // Tensor-core path: mma.sync m16n8k16 with a cp.async pipeline (bf16 / f16; K, N multiples of 8;
 // 16-byte aligned pointers; not transposed+interleaved: mma_applies in experts_plan.hpp).

@@ -115,9 +115,7 @@ __global__ void __launch_bounds__(256) grouped_gemm_quant_kernel(QuantGemmParams
     if (r0 >= q.linear_rows) return;
     tile = Tile{0, r0, min(BM, q.linear_rows - r0), 0};
   } else {
-    if (int(blockIdx.x) >= *p.num_tiles) return;
-    tile = p.tiles[blockIdx.x];
-    if (tile.rows <= 0) return;
+    if (!block_tile(p, tile)) return;
   }
   const int n0 = blockIdx.y * BN;
   if (n0 >= p.N) return;
@@ -136,7 +134,7 @@ __global__ void __launch_bounds__(256) grouped_gemm_quant_kernel(QuantGemmParams
     __syncthreads();  // a_row of the previous chunk is no longer read
     if (tid < BM) {
       const int pos = tile.row_start + r0 + tid;
-      a_row[tid] = tid >= rows ? -1 : kKind == kQuantGateUp ? p.sorted_pair[pos] / p.top_k : pos;
+      a_row[tid] = tid >= rows ? -1 : kKind == kQuantGateUp ? int(token_at(p, pos)) : pos;
     }
     __syncthreads();
     float acc[kGroups][2][2] = {}, part[kGroups][2][2] = {};

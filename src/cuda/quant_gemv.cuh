@@ -86,7 +86,7 @@ struct QuantGemvWarp {
 // A row of a tile: the activation row it reads.
 template <int kKind>
 __device__ __forceinline__ int64_t quant_gemv_arow(const GemmParams& p, int pos) {
-  return kKind == kQuantGateUp ? int64_t(p.sorted_pair[pos] / p.top_k) : int64_t(pos);
+  return kKind == kQuantGateUp ? token_at(p, pos) : int64_t(pos);
 }
 
 // Rows [r0, r0 + n) of the tile (n <= R; rows past n repeat the last one and are not stored).
@@ -212,8 +212,7 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_gemv_quant_kernel(QuantGe
   const GemmParams& p = q.g;
   Tile tile{0, 0, q.linear_rows, 0};  // a plain linear: every row in one tile
   if (kKind != kQuantLinear) {
-    if (int(blockIdx.x) >= *p.num_tiles) return;
-    tile = p.tiles[blockIdx.x];
+    if (!block_tile(p, tile)) return;
   }
   if (tile.rows <= 0) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

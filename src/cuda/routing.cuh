@@ -111,19 +111,4 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
 }
 
-template <class Index>
-__global__ void route_per_pair_kernel(const Index* __restrict__ idx, int64_t pairs, int experts,
-                                      int* __restrict__ sorted_pair,
-                                      int* __restrict__ pos_of_pair, Tile* __restrict__ tiles,
-                                      int* __restrict__ num_tiles) {
-  pdl_enter();
-  int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (p == 0) *num_tiles = int(pairs);
-  if (p >= pairs) return;
-  int e = load_expert(idx, p, experts);
-  sorted_pair[p] = int(p);
-  pos_of_pair[p] = e >= 0 ? int(p) : -1;
-  tiles[p] = Tile{e < 0 ? 0 : e, int(p), e >= 0 ? 1 : 0, 0};
-}
-
 }  // namespace moex::cuda

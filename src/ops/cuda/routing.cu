@@ -52,40 +52,51 @@ __device__ __forceinline__ float bcast(float v) { return __shfl_sync(0xffffffffu
 // read by broadcast; the winners move to a[rank]. Returns false, leaving `a` untouched, when a
 // tie or a NaN needs the replay (warp-uniform), or E is beyond the per-lane budget.
 constexpr int kFastPerLane = 8;  // E <= 256
-__device__ bool distinct_sorted_topk(Elem* a, int E, int k, int lane) {
-  if (E > 32 * kFastPerLane) return false;
-  float v[kFastPerLane];
-  int greater[kFastPerLane], equal[kFastPerLane];
+// kPerLane: the elements each lane ranks (E <= 32 * kPerLane). A row of 60 experts ranks two per
+// lane, not eight: a quarter of the compares, in a warp that shares its SM with the blocks of a
+// GEMV streaming beside it in a decode step.
+template <int kPerLane>
+__device__ bool distinct_sorted_topk_n(Elem* a, int E, int k, int lane) {
+  float v[kPerLane];
+  int greater[kPerLane], equal[kPerLane];
 #pragma unroll
-  for (int r = 0; r < kFastPerLane; ++r) {
+  for (int r = 0; r < kPerLane; ++r) {
     const int e = lane + 32 * r;
     v[r] = e < E ? a[e].v : 0.0f;
     greater[r] = 0;
     equal[r] = 0;
   }
   bool nan = false;
+#pragma unroll 4
   for (int j = 0; j < E; ++j) {
     const float x = a[j].v;  // the same address for every lane: a broadcast
     nan |= x != x;
 #pragma unroll
-    for (int r = 0; r < kFastPerLane; ++r) {
+    for (int r = 0; r < kPerLane; ++r) {
       greater[r] += x > v[r];
       equal[r] += x == v[r];
     }
   }
   bool tie = false;
 #pragma unroll
-  for (int r = 0; r < kFastPerLane; ++r)
+  for (int r = 0; r < kPerLane; ++r)
     tie |= lane + 32 * r < E && greater[r] < k && equal[r] > 1;  // equal counts the element itself
   if (__any_sync(0xffffffffu, tie || nan)) return false;
   __syncwarp();  // every lane has read the row before the winners move
 #pragma unroll
-  for (int r = 0; r < kFastPerLane; ++r) {
+  for (int r = 0; r < kPerLane; ++r) {
     const int e = lane + 32 * r;
     if (e < E && greater[r] < k) a[greater[r]] = {v[r], e};
   }
   __syncwarp();
   return true;
+}
+__device__ bool distinct_sorted_topk(Elem* a, int E, int k, int lane) {
+  if (E <= 32) return distinct_sorted_topk_n<1>(a, E, k, lane);
+  if (E <= 64) return distinct_sorted_topk_n<2>(a, E, k, lane);
+  if (E <= 128) return distinct_sorted_topk_n<4>(a, E, k, lane);
+  if (E <= 32 * kFastPerLane) return distinct_sorted_topk_n<kFastPerLane>(a, E, k, lane);
+  return false;
 }
 
 // std::max_element's result over a[0, E): its scan never moves past index 0 when a[0] is NaN
@@ -116,8 +127,10 @@ __global__ void softmax_topk_kernel(const void* __restrict__ logits, int code, i
   for (int e = lane; e < E; e += 32) a[e].v = exp_f(__fsub_rn(a[e].v, mx));
   __syncwarp();
   float sum = 0.0f;
-  if (lane == 0)
+  if (lane == 0) {
+#pragma unroll 8
     for (int e = 0; e < E; ++e) sum = __fadd_rn(sum, a[e].v);
+  }
   sum = bcast(sum);
   for (int e = lane; e < E; e += 32) a[e].v = __fdiv_rn(a[e].v, sum);
   __syncwarp();
