@@ -7,10 +7,11 @@
 // took 7-8.4 us for 8.4 MB), and a one-column output (qwen2_moe's shared-expert gate) ran as
 // two kernels (a dot and a reduce). Nothing about these shapes needs tensor cores.
 //
-// Shape of the work: a block of 8 warps owns kColumns output columns for every row; the warps
-// split K into 256-element chunks (32 lanes x 8 elements, one 16-byte load per lane per column),
-// so each block keeps kColumns x 4 KiB of weight loads in flight and even a 2048-column matrix
-// gives 512 blocks. Two columns per block measured 7-14 % faster alone (lab/cuda/gemv_lab.cu,
+// Shape of the work: a block of 8 warps owns kColumns output columns for every row at a time; the
+// warps split K into 256-element chunks (32 lanes x 8 elements, one 16-byte load per lane per
+// column), so each block keeps kColumns x 4 KiB of weight loads in flight and even a 2048-column
+// matrix has 512 column groups. At one row a block walks several column groups (gemv_grid says
+// why): short blocks paid the PDL wait, the norm and a DRAM round trip once per group, in waves. Two columns per block measured 7-14 % faster alone (lab/cuda/gemv_lab.cu,
 // back-to-back launches of one kernel) but 7 % slower inside a decode step (ncu, weights
 // prefetched before the PDL wait: half the bytes in flight), so four stay. x is read through the L1 (it is at most 8 rows). Partial sums are reduced
 // in a fixed order (lanes by shuffle-xor, then warps 0..7 in order), the bias added in float32,
@@ -19,7 +20,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <map>
 #include <span>
 #include <string>
 #include <vector>
@@ -40,6 +44,7 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kColumns = 4;
 constexpr int kChunk = 256;  // K elements one warp reads per column per step
+constexpr int kGemvBlocksPerSm = 4;  // the persistent grid (gemv_grid), at one row
 
 // Up to kGemvMaxSegments linears of the same x in one launch (q / k / v; a router beside a
 // shared expert's gate and up): segment i owns blocks [block0, next block0). A single linear is
@@ -89,37 +94,52 @@ __device__ __forceinline__ void residual8(const T* h, const NormArgs<T>& na, int
   }
 }
 
-template <class T, int M, bool kNorm>
-__global__ void __launch_bounds__(kWarps * 32)
-    gemv_kernel(const T* __restrict__ x, const Segments<T> segs, int64_t in, const NormArgs<T> na) {
+// One column group of one segment: kColumns output columns starting at n0.
+template <class T>
+struct ColumnGroup {
+  const T* w;
+  const T* bias;
+  T* y;
+  int64_t out, n0;
+  int cols;
+};
+template <class T>
+__device__ __forceinline__ ColumnGroup<T> column_group(const Segments<T>& segs, int64_t g) {
   int si = 0;
 #pragma unroll
   for (int i = 1; i < kGemvMaxSegments; ++i)
-    if (i < segs.n && int64_t(blockIdx.x) >= segs.s[i].block0) si = i;
-  const T* __restrict__ w = segs.s[si].w;
-  const T* __restrict__ bias = segs.s[si].bias;
-  T* __restrict__ y = segs.s[si].y;
-  const int64_t out = segs.s[si].out;
+    if (i < segs.n && g >= segs.s[i].block0) si = i;
+  ColumnGroup<T> c;
+  c.w = segs.s[si].w;
+  c.bias = segs.s[si].bias;
+  c.y = segs.s[si].y;
+  c.out = segs.s[si].out;
+  c.n0 = (g - segs.s[si].block0) * kColumns;
+  c.cols = c.out - c.n0 < kColumns ? int(c.out - c.n0) : kColumns;
+  return c;
+}
+
+// Block b computes column groups b, b + gridDim.x, ... of `groups` (a grid of a few blocks per SM,
+// every block resident: each loads its first group's weights before the PDL wait, forms the norm
+// once, and loads the next group's first chunk before reducing the current one).
+template <class T, int M, bool kNorm>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_kernel(const T* __restrict__ x, const Segments<T> segs, int64_t groups, int64_t in, const NormArgs<T> na) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t n0 = (int64_t(blockIdx.x) - segs.s[si].block0) * kColumns;
-  const int cols = out - n0 < kColumns ? int(out - n0) : kColumns;
-  float acc[M][kColumns];
+  const int64_t step = int64_t(kWarps) * kChunk;
+  const int64_t k0 = int64_t(warp) * kChunk + lane * 8;
+  uint4 wv[kColumns];
+  auto load_w = [&](const ColumnGroup<T>& g, int64_t kk) {
 #pragma unroll
-  for (int m = 0; m < M; ++m)
-#pragma unroll
-    for (int c = 0; c < kColumns; ++c) acc[m][c] = 0.0f;
+    for (int c = 0; c < kColumns; ++c)
+      wv[c] = c < g.cols ? __ldcs(reinterpret_cast<const uint4*>(g.w + (g.n0 + c) * in + kk)) : make_uint4(0, 0, 0, 0);
+  };
 
   // The weights are no kernel's output: the first chunk is loaded before waiting for the kernel
   // that writes x (pdl.cuh), and each later chunk is loaded before the previous one is used.
-  const int64_t step = int64_t(kWarps) * kChunk;
-  int64_t k = int64_t(warp) * kChunk + lane * 8;
-  uint4 wv[kColumns];
-  auto load_w = [&](int64_t kk) {
-#pragma unroll
-    for (int c = 0; c < kColumns; ++c)
-      wv[c] = c < cols ? __ldcs(reinterpret_cast<const uint4*>(w + (n0 + c) * in + kk)) : make_uint4(0, 0, 0, 0);
-  };
-  if (k < in) load_w(k);
+  int64_t gi = blockIdx.x;
+  ColumnGroup<T> cur = column_group(segs, gi);
+  if (k0 < in) load_w(cur, k0);
   moex::cuda::pdl_wait();
   moex::cuda::pdl_trigger();
   __shared__ float r_sh[M];
@@ -162,66 +182,112 @@ __global__ void __launch_bounds__(kWarps * 32)
         if (na.x_out) *reinterpret_cast<uint4*>(na.x_out + c) = moex::cuda::narrow8<T>(xn);
       }
   }
-  for (; k < in; k += step) {
-    float wf[kColumns][8];
-#pragma unroll
-    for (int c = 0; c < kColumns; ++c) moex::cuda::widen8<T>(wv[c], wf[c]);
-    if (k + step < in) load_w(k + step);
-    float wn[8];
-    if constexpr (kNorm) moex::cuda::widen8<T>(__ldg(reinterpret_cast<const uint4*>(na.w + k)), wn);
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float xf[8];
-      if constexpr (kNorm) {
-        residual8<T>(x, na, int64_t(m) * in + k, xf);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) xf[i] = norm_value(xf[i], r_sh[m], wn[i], na.inner, na.act);
-      } else {
-        moex::cuda::widen8<T>(__ldg(reinterpret_cast<const uint4*>(x + m * in + k)), xf);
-      }
-#pragma unroll
-      for (int c = 0; c < kColumns; ++c)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[m][c] = fmaf(xf[i], wf[c][i], acc[m][c]);
-    }
-  }
 
   __shared__ float part[kWarps][M][kColumns];
+  for (;;) {
+    const int64_t gn = gi + gridDim.x;
+    const bool has_next = gn < groups;
+    ColumnGroup<T> next = cur;
+    if (has_next) next = column_group(segs, gn);
+    float acc[M][kColumns];
 #pragma unroll
-  for (int m = 0; m < M; ++m)
+    for (int m = 0; m < M; ++m)
 #pragma unroll
-    for (int c = 0; c < kColumns; ++c) {
-      float v = acc[m][c];
+      for (int c = 0; c < kColumns; ++c) acc[m][c] = 0.0f;
+    for (int64_t k = k0; k < in; k += step) {
+      float wf[kColumns][8];
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) part[warp][m][c] = v;
+      for (int c = 0; c < kColumns; ++c) moex::cuda::widen8<T>(wv[c], wf[c]);
+      if (k + step < in) load_w(cur, k + step);
+      else if (has_next) load_w(next, k0);
+      float wn[8];
+      if constexpr (kNorm) moex::cuda::widen8<T>(__ldg(reinterpret_cast<const uint4*>(na.w + k)), wn);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float xf[8];
+        if constexpr (kNorm) {
+          residual8<T>(x, na, int64_t(m) * in + k, xf);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) xf[i] = norm_value(xf[i], r_sh[m], wn[i], na.inner, na.act);
+        } else {
+          moex::cuda::widen8<T>(__ldg(reinterpret_cast<const uint4*>(x + m * in + k)), xf);
+        }
+#pragma unroll
+        for (int c = 0; c < kColumns; ++c)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[m][c] = fmaf(xf[i], wf[c][i], acc[m][c]);
+      }
     }
-  __syncthreads();
-  if (threadIdx.x < M * kColumns) {
-    const int m = threadIdx.x / kColumns, c = threadIdx.x % kColumns;
-    if (c < cols) {
-      float v = 0.0f;
+
 #pragma unroll
-      for (int q = 0; q < kWarps; ++q) v += part[q][m][c];
-      if (bias) v += moex::cuda::to_float<T>(bias[n0 + c]);
-      y[int64_t(m) * out + n0 + c] = moex::cuda::from_float<T>(v);
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int c = 0; c < kColumns; ++c) {
+        float v = acc[m][c];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) part[warp][m][c] = v;
+      }
+    __syncthreads();
+    if (threadIdx.x < M * kColumns) {
+      const int m = threadIdx.x / kColumns, c = threadIdx.x % kColumns;
+      if (c < cur.cols) {
+        float v = 0.0f;
+#pragma unroll
+        for (int q = 0; q < kWarps; ++q) v += part[q][m][c];
+        if (cur.bias) v += moex::cuda::to_float<T>(cur.bias[cur.n0 + c]);
+        cur.y[int64_t(m) * cur.out + cur.n0 + c] = moex::cuda::from_float<T>(v);
+      }
     }
+    if (!has_next) break;
+    __syncthreads();  // part is rewritten for the next group
+    gi = gn;
+    cur = next;
   }
 }
 
+// Blocks of the grid for M rows. One row: a persistent grid of a few blocks per SM, never more
+// than fit at once (every block must be resident to load its first weights before the PDL wait).
+// Measured on the H200 inside a batch-1 decode step of a 24-layer Qwen1.5-MoE-shaped model
+// (docs/gpu_model.md): the step's graph 2.24 -> 1.88 ms, the norm + q / k / v GEMV 16-17 ->
+// 12-13 us (25 MB), the shared expert's gate / up beside the routed experts 45 -> 32 us; decode
+// 428 / 430 -> 498 / 497 tokens/s with 4 blocks per SM (484 with 2, 497 with 8). At 8 rows the
+// same grid lost 1.5 % (1,491 / 1,495 -> 1,469 / 1,470 tokens/s), so more rows keep one block per
+// column group. MOEX_GEMV_BLOCKS_PER_SM (measuring only) sets the blocks per SM at every row
+// count, 0 = one block per column group.
+template <class Kernel>
+int64_t gemv_grid(Kernel kernel, int64_t groups, int64_t rows, int device) {
+  static const int per_sm_env = [] {
+    const char* e = std::getenv("MOEX_GEMV_BLOCKS_PER_SM");
+    return e ? std::atoi(e) : -1;
+  }();
+  const int per_sm = per_sm_env >= 0 ? per_sm_env : rows == 1 ? kGemvBlocksPerSm : 0;
+  if (per_sm == 0) return groups;
+  static thread_local std::map<std::pair<const void*, int>, int> fits;
+  int& fit = fits[{reinterpret_cast<const void*>(kernel), device}];
+  if (fit == 0) {
+    MOEX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, kWarps * 32, 0));
+    fit = std::max(fit, 1);
+  }
+  const int64_t sms = moex::cuda::device_info(device).sm_count;
+  return std::min<int64_t>(groups, sms * std::min(per_sm, fit));
+}
+
 template <class T, int M>
-void launch(const T* x, const Segments<T>& segs, int64_t blocks, int64_t in, cudaStream_t s, int device,
+void launch(const T* x, const Segments<T>& segs, int64_t groups, int64_t in, cudaStream_t s, int device,
             const NormArgs<T>* na) {
   if constexpr (M <= kNormGemvMaxRows) {
     if (na) {
-      moex::cuda::launch_pdl(gemv_kernel<T, M, true>, dim3(unsigned(blocks)), dim3(kWarps * 32), 0, s, device, x,
-                             segs, in, *na);
+      auto k = gemv_kernel<T, M, true>;
+      moex::cuda::launch_pdl(k, dim3(unsigned(gemv_grid(k, groups, M, device))), dim3(kWarps * 32), 0, s, device, x,
+                             segs, groups, in, *na);
       return;
     }
   }
   if (na) throw InvalidInput("norm_linears: more rows than the norm-forming GEMV takes");
-    moex::cuda::launch_pdl(gemv_kernel<T, M, false>, dim3(unsigned(blocks)), dim3(kWarps * 32), 0, s, device, x, segs,
-                           in, NormArgs<T>{});
+  auto k = gemv_kernel<T, M, false>;
+  moex::cuda::launch_pdl(k, dim3(unsigned(gemv_grid(k, groups, M, device))), dim3(kWarps * 32), 0, s, device, x, segs,
+                         groups, in, NormArgs<T>{});
 }
 
 // x [rows, in]; weights[i] [out_i, in] with bias[i] (or undefined) into ys[i] [rows, out_i]. With
