@@ -148,6 +148,7 @@ void launch_linear_quant(const uint8_t* aq, const float* as, int64_t rows, int K
 // ---- elementwise ----
 // out[t, :] = round( sum_{j<k, pos_of_pair[t*k+j] >= 0} w(t, j) * y[pos_of_pair[t*k+j], :] ),
 // summed in fp32 in slot order; w(t, j) = weights[t, j], or weights[t, id] when per_expert.
+// pos_of_pair null (batched_mm): pair p's row is p, skipped when its id is outside [0, experts).
 void launch_combine(const float* y, const int* pos_of_pair, const void* top_k_index,
                     bool index_i64, const void* weights, Elem weights_elem, bool per_expert,
                     int64_t tokens, int top_k, int experts, int hidden, Elem elem, void* out,

@@ -11,7 +11,8 @@
 // warps split K into 256-element chunks (32 lanes x 8 elements, one 16-byte load per lane per
 // column), so each block keeps kColumns x 4 KiB of weight loads in flight and even a 2048-column
 // matrix has 512 column groups. At one row a block walks several column groups (gemv_grid says
-// why): short blocks paid the PDL wait, the norm and a DRAM round trip once per group, in waves. Two columns per block measured 7-14 % faster alone (lab/cuda/gemv_lab.cu,
+// why): short blocks paid the PDL wait, the norm and a DRAM round trip once per group, in waves.
+// Two columns per block measured 7-14 % faster alone (lab/cuda/gemv_lab.cu,
 // back-to-back launches of one kernel) but 7 % slower inside a decode step (ncu, weights
 // prefetched before the PDL wait: half the bytes in flight), so four stay. x is read through the L1 (it is at most 8 rows). Partial sums are reduced
 // in a fixed order (lanes by shuffle-xor, then warps 0..7 in order), the bias added in float32,
