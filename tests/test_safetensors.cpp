@@ -256,6 +256,9 @@ TEST(SafetensorsBad, BadShape) {
   // Overflow of the element count and of the byte count must be caught, not wrapped.
   expect_bad_header(w_entry(R"("F32")", "[4294967296,4294967296,4]", "[0,0]"), 0,
                     {"tensor 'w'", "too many elements"});
+  // An empty tensor whose other dims multiply past 2^63: its row-major strides would overflow.
+  expect_bad_header(w_entry(R"("BF16")", "[0,18446744073709,516153]", "[0,0]"), 0,
+                    {"tensor 'w'", "too many elements"});
   expect_bad_header(w_entry(R"("F32")", "[4611686018427387904]", "[0,0]"), 0,
                     {"tensor 'w'", "too large in bytes"});
 }

@@ -48,7 +48,8 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t acc = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     st[i] = acc;
-    acc *= std::max<int64_t>(shape[i], 1);
+    if (__builtin_mul_overflow(acc, std::max<int64_t>(shape[i], 1), &acc))
+      throw InvalidInput("shape " + shape_str(shape) + " has strides that overflow 64 bits");
   }
   return st;
 }

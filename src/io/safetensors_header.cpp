@@ -91,15 +91,18 @@ SafetensorsEntry parse_entry(const std::string& name, const nlohmann::json& v,
   const auto& js = v["shape"];
   if (!js.is_array())
     throw InvalidInput(where + "shape must be an array, got " + io::json_type_name(js));
-  uint64_t numel = 1;
+  // `numel` is the element count; `span` multiplies the non-zero dims only, which the row-major
+  // strides reach even when a zero dim leaves the tensor empty: both must fit in int64.
+  uint64_t numel = 1, span = 1;
+  constexpr uint64_t kMax = uint64_t(std::numeric_limits<int64_t>::max());
   for (const auto& d : js) {
     uint64_t n = 0;
-    if (!as_u64(d, uint64_t(std::numeric_limits<int64_t>::max()), &n))
+    if (!as_u64(d, kMax, &n))
       throw InvalidInput(where + "shape " + js.dump() +
                          " must hold non-negative integers below 2^63");
     e.shape.push_back(int64_t(n));
-    if (__builtin_mul_overflow(numel, n, &numel) ||
-        numel > uint64_t(std::numeric_limits<int64_t>::max()))
+    if (__builtin_mul_overflow(numel, n, &numel) || numel > kMax ||
+        __builtin_mul_overflow(span, n ? n : 1, &span) || span > kMax)
       throw InvalidInput(where + "shape " + js.dump() + " has too many elements");
   }
   uint64_t nbytes = 0;
