@@ -212,22 +212,25 @@ TEST(QuantExpertsCpu, ReferenceMatchesHandComputedValue) {
   }
 }
 
-// The kernel tier on its own, both variants (the backends run only the one this CPU picks): every
-// output of a ragged row range, for rows read through an index list, against the same sums in
-// double; K = 200 ends inside a 128 block (FP8), K = 96 inside one (FP4, three 32-blocks).
+// The kernel tier on its own, every variant this CPU has (the backends run only the one it
+// picks): every output of a ragged row range, for rows read through an index list, against the
+// same sums in double; FP8 K = 200 and 160 end in the second and the first half of a 128 block,
+// FP4 K = 96 inside one (three 32-blocks). Codes are uniform over all but NaN, so about one in
+// sixteen is an e4m3 subnormal (which the bf16 kernel adds outside VDPBF16PS).
 TEST(QuantExpertsCpu, KernelVariantsMatchDoubleSums) {
   namespace k = moex::cpu::kernels;
   std::mt19937_64 rng(1001);
-  for (bool is_fp4 : {false, true}) {
-    const int64_t N = 37, K = is_fp4 ? 96 : 200, M = 11, nb = (K + 127) / 128;
+  const auto no_nan = [](uint64_t r) { return uint8_t((r & 0x7f) == 0x7f ? r & 0xfe : r); };
+  for (const auto& [is_fp4, K] : {std::pair<bool, int64_t>{false, 200}, {false, 160}, {true, 96}}) {
+    const int64_t N = 37, M = 11, nb = (K + 127) / 128;
     const int64_t row_bytes = is_fp4 ? K / 2 : K, scols = is_fp4 ? K / 32 : nb;
     const int64_t srows = is_fp4 ? N : (N + 127) / 128;
     std::vector<uint8_t> w(static_cast<size_t>(N * row_bytes)), scale(static_cast<size_t>(srows * scols));
-    for (auto& b : w) b = uint8_t(rng() & (is_fp4 ? 0xff : 0xf7));  // no e4m3 NaN codes
+    for (auto& b : w) b = is_fp4 ? uint8_t(rng()) : no_nan(rng());
     for (auto& b : scale) b = uint8_t(120 + rng() % 10);             // UE8M0 2^-7 .. 2^2
     std::vector<float> xq(static_cast<size_t>(M * nb * 128), 0.f), xs(static_cast<size_t>(M * nb));
     for (int64_t m = 0; m < M; ++m) {
-      for (int64_t c = 0; c < K; ++c) xq[size_t(m * nb * 128 + c)] = f8e4m3_to_float(uint8_t(rng() & 0xf7));
+      for (int64_t c = 0; c < K; ++c) xq[size_t(m * nb * 128 + c)] = f8e4m3_to_float(no_nan(rng()));
       for (int64_t b = 0; b < nb; ++b) xs[size_t(m * nb + b)] = float(rng() % 1000 + 1) * 1e-3f;
     }
     std::vector<int64_t> rows(static_cast<size_t>(M));
@@ -238,10 +241,24 @@ TEST(QuantExpertsCpu, KernelVariantsMatchDoubleSums) {
     a.fused_rows = N, a.bn = is_fp4 ? 1 : 128;
     a.xq = xq.data(), a.xs = xs.data(), a.x_ld = nb * 128, a.nb = nb, a.x_rows = rows.data();
     a.m = int(M), a.n0 = 3, a.n1 = 30, a.ldy = N;
+    // The bf16 kernel's rows: packed from the columns in order (FP4's xq is evens-then-odds).
+    std::vector<uint16_t> xb(xq.size());
+    std::vector<float> natural(size_t(nb * 128));
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t c = 0; c < nb * 128; ++c) {
+        const int64_t r = c % 32, pos = is_fp4 ? c - r + (r % 2 ? 16 + r / 2 : r / 2) : c;
+        natural[size_t(c)] = xq[size_t(m * nb * 128 + pos)];
+      }
+      k::pack_activation_bf16(natural.data(), nb * 128, &xb[size_t(m * nb * 128)]);
+    }
     const std::pair<std::string, k::BlockScaledFn> variants[] = {
-        {"portable", k::gemm_block_scaled_portable}, {"avx512", k::gemm_block_scaled_avx512}};
+        {"portable", k::gemm_block_scaled_portable},
+        {"avx512", k::gemm_block_scaled_avx512},
+        {"avx512bf16", k::gemm_block_scaled_avx512bf16}};
     for (const auto& [name, fn] : variants) {
-      if (name == "avx512" && !moex::cpu::detect_cpu_features().avx512) continue;
+      const auto& f = moex::cpu::detect_cpu_features();
+      if ((name == "avx512" && !f.avx512) || (name == "avx512bf16" && !f.avx512bf16)) continue;
+      a.xb = name == "avx512bf16" ? xb.data() : nullptr;
       std::vector<float> y(static_cast<size_t>(M * N), -7.f);
       a.y = y.data();
       fn(a);

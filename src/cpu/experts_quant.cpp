@@ -12,11 +12,16 @@ namespace {
 
 // Chosen once per process from the CPU's features (engine.cpp reads them the same way).
 kernels::BlockScaledFn block_scaled_kernel() {
-  static const kernels::BlockScaledFn fn = detect_cpu_features().avx512
+  static const kernels::BlockScaledFn fn = detect_cpu_features().avx512bf16
+                                               ? kernels::gemm_block_scaled_avx512bf16
+                                           : detect_cpu_features().avx512
                                                ? kernels::gemm_block_scaled_avx512
                                                : kernels::gemm_block_scaled_portable;
   return fn;
 }
+
+// Whether the kernel reads bf16 activation rows (QuantRows::b).
+bool kernel_reads_bf16() { return block_scaled_kernel() == kernels::gemm_block_scaled_avx512bf16; }
 
 kernels::BlockScaledArgs matrix_args(const ExpertsSpec& s, const Tensor& W, const Tensor& S,
                                      int64_t e, int64_t N, int64_t K, int64_t fused_rows) {
@@ -43,21 +48,24 @@ void QuantRows::resize(int64_t rows, int64_t k_, bool fp4_) {
   ld = nb * quant::kActBlock;
   q.resize(size_t(rows * ld));
   s.resize(size_t(rows * nb));
+  b.resize(kernel_reads_bf16() ? size_t(rows * ld) : 0);
 }
 
 void QuantRows::set_row(int64_t r, const float* x) {
   uint8_t codes[quant::kActBlock];
   float* qr = q.data() + r * ld;
+  const bool evens_odds = fp4 && b.empty();  // the float FP4 kernel's order
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t c0 = b * quant::kActBlock, len = std::min(quant::kActBlock, k - c0);
     quant::quantize_activation_row(x + c0, len, codes, s.data() + r * nb + b);
     float* dst = qr + c0;
     for (int64_t i = 0; i < quant::kActBlock; ++i) {
-      // FP4: each 32 block as evens then odds (the kernel's nibble order); K is a multiple of 32.
-      const int64_t src = !fp4 ? i : (i / 32) * 32 + (i % 32 < 16 ? 2 * (i % 32) : 2 * (i % 32 - 16) + 1);
+      // Float FP4 kernel: each 32 block as evens then odds (its nibble order); K is a multiple of 32.
+      const int64_t src = !evens_odds ? i : (i / 32) * 32 + (i % 32 < 16 ? 2 * (i % 32) : 2 * (i % 32 - 16) + 1);
       dst[i] = src < len ? f8e4m3_to_float(codes[src]) : 0.f;
     }
   }
+  if (!b.empty()) kernels::pack_activation_bf16(qr, ld, b.data() + r * ld);
 }
 
 kernels::BlockScaledArgs quant_gate_up(const ExpertsSpec& s, const ExpertsWeights& w, int64_t e) {
@@ -72,6 +80,7 @@ kernels::BlockScaledArgs quant_down(const ExpertsSpec& s, const ExpertsWeights& 
 void quant_linear(kernels::BlockScaledArgs W, const QuantRows& X, const int64_t* x_rows,
                   int64_t M, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   W.xq = X.q.data();
+  W.xb = X.b.empty() ? nullptr : X.b.data();
   W.xs = X.s.data();
   W.x_ld = X.ld;
   W.nb = X.nb;
@@ -82,7 +91,10 @@ void quant_linear(kernels::BlockScaledArgs W, const QuantRows& X, const int64_t*
   const kernels::BlockScaledFn fn = block_scaled_kernel();
   for (int64_t m0 = 0; m0 < M; m0 += 256) {  // int m per call; rows are independent
     W.x_rows = x_rows ? x_rows + m0 : nullptr;
-    if (!x_rows) W.xq = X.q.data() + m0 * X.ld, W.xs = X.s.data() + m0 * X.nb;
+    if (!x_rows) {
+      W.xq = X.q.data() + m0 * X.ld, W.xs = X.s.data() + m0 * X.nb;
+      if (W.xb) W.xb = X.b.data() + m0 * X.ld;
+    }
     W.m = int(std::min<int64_t>(256, M - m0));
     W.y = y + m0 * ldy;
     fn(W);

@@ -18,6 +18,10 @@ struct QuantRows {
   int64_t k = 0, ld = 0, nb = 0;
   bool fp4 = false;
   std::vector<float> q, s;
+  // bf16 copies of q for the AVX512-BF16 kernel (kernels::pack_activation_bf16), filled only
+  // where that kernel runs (a CPU with AVX512-BF16); empty otherwise. With them q is in column
+  // order for FP4 too (the float FP4 kernel wants each 32 block as evens, then odds).
+  std::vector<uint16_t> b;
   void resize(int64_t rows, int64_t k, bool fp4);
   // Quantizes x[0, k) into row r.
   void set_row(int64_t r, const float* x);

@@ -9,6 +9,8 @@
 
 #include "core/parallel_errors.hpp"
 #include "cpu/engine.hpp"
+#include "cpu/experts_quant.hpp"
+#include "cpu/kernels/kernels.hpp"
 #include "cpu/quant_linear_kernels.hpp"
 #include "moex/quant.hpp"
 
@@ -174,6 +176,65 @@ Tensor run(const Tensor& x, const Tensor& codes, const Tensor& scale, const Quan
   return y;
 }
 
+// The experts' block-scaled kernel on a CPU with AVX512-BF16 (kernels.hpp): activation rows
+// quantized once (QuantRows, with their bf16 copies), then tasks of 64 weight rows over threads,
+// each running its rows against chunks of kRowChunk activation rows, so a task's codes are read
+// from memory once and a chunk's bf16 rows (kRowChunk x K x 2 bytes) stay in L2 meanwhile. Every
+// row count runs the same kernel, so a row's bits do not depend on the others.
+constexpr int64_t kTaskRows = 64;
+constexpr int64_t kRowChunk = 64;
+
+Tensor run_bf16(const Tensor& x, const Tensor& codes, const Tensor& scale, const QuantScheme& q, int64_t N,
+                int64_t K, const Tensor& bias, DType act) {
+  const int64_t rows = x.size(0);
+  Tensor y = Tensor::empty({rows, N}, DType::kF32);
+  if (rows == 0 || N == 0) return y;
+  const bool fp4 = q.kind == QuantScheme::Kind::kFp4E2M1;
+  QuantRows X;
+  X.resize(rows, K, fp4);
+  const float* xf = x.data<float>();
+#pragma omp parallel for schedule(static) if (rows * K >= (1 << 15))
+  for (int64_t t = 0; t < rows; ++t) X.set_row(t, xf + t * K);
+
+  kernels::BlockScaledArgs a;
+  a.fp4 = fp4;
+  a.row_bytes = fp4 ? K / 2 : K;
+  a.k = K;
+  a.w = static_cast<const uint8_t*>(codes.raw());
+  a.scale = scale.raw();
+  a.scale_dtype = scale.dtype();
+  a.scale_cols = quant::ceil_div(K, q.block_k);
+  a.fused_rows = N;
+  a.bn = q.block_n;
+  a.x_ld = X.ld;
+  a.nb = X.nb;
+  float* Y = y.data<float>();
+  const float* B = bias.defined() ? bias.data<float>() : nullptr;
+  const int64_t tasks = quant::ceil_div(N, kTaskRows);
+#pragma omp parallel for schedule(dynamic, 1) if (rows * K * N >= (1 << 15))
+  for (int64_t t = 0; t < tasks; ++t) {
+    kernels::BlockScaledArgs w = a;
+    w.n0 = t * kTaskRows;
+    w.n1 = std::min(N, w.n0 + kTaskRows);
+    for (int64_t m0 = 0; m0 < rows; m0 += kRowChunk) {
+      w.xq = X.q.data() + m0 * X.ld;
+      w.xb = X.b.data() + m0 * X.ld;
+      w.xs = X.s.data() + m0 * X.nb;
+      w.m = int(std::min(kRowChunk, rows - m0));
+      w.y = Y + m0 * N;
+      w.ldy = N;
+      kernels::gemm_block_scaled_avx512bf16(w);
+      for (int64_t r = m0; r < m0 + w.m; ++r)
+        for (int64_t n = w.n0; n < w.n1; ++n) {
+          float v = Y[r * N + n];
+          if (B) v += B[n];
+          Y[r * N + n] = act == DType::kBF16 ? round_bf16(v) : v;
+        }
+    }
+  }
+  return y;
+}
+
 const QuantKernels& portable_kernels() {
   static const QuantKernels k{decode_fp8_portable, decode_fp4_portable, dot_portable, dot_fp8_portable,
                               dot_fp4_portable};
@@ -184,6 +245,7 @@ const QuantKernels& portable_kernels() {
 
 Tensor quant_linear(const Tensor& x, const Tensor& codes, const Tensor& scale, const QuantScheme& quant,
                     int64_t out, int64_t in, const Tensor& bias, DType act) {
+  if (detect_cpu_features().avx512bf16) return run_bf16(x.contiguous(), codes, scale, quant, out, in, bias, act);
   static const QuantKernels& k = detect_cpu_features().avx512 ? avx512_kernels() : portable_kernels();
   return run(x.contiguous(), codes, scale, quant, out, in, bias, act, k);
 }

@@ -12,6 +12,10 @@
 //   thread count; the direct and tiled paths below add in one order). The AVX-512 path sums each
 //   block in 2 x 16 lanes, the portable one in 8: the two
 //   agree to float32 summation-order level, each deterministic on its own.
+// - On a CPU with AVX512-BF16 every call runs the experts' block-scaled kernel instead
+//   (kernels.hpp: codes decoded to bf16 in registers, VDPBF16PS against bf16 copies of the
+//   quantized rows; quant_linear.cpp's run_bf16), for any row count, so rows stay independent.
+//   The rest of this list describes the path of other CPUs.
 // - Work is split over tiles of weight rows (parallel). Calls of 1-2 rows (decode) read the codes
 //   straight into the products (AVX-512: decode 16 codes in registers, FMA; measured 3.4 GB/s of
 //   FP8 codes against 7 GB/s of plain reads on a shared 2-core Xeon, 16384 x 7168); larger calls

@@ -112,6 +112,10 @@ struct BlockScaledArgs {
   // even columns, then its 16 odd ones (the order the nibbles decode in). Its block scales at
   // xs + r * nb. Row m of this call reads activation row x_rows[m] (x_rows null: m).
   const float* xq = nullptr;
+  // The same rows as bf16 for the AVX512-BF16 kernel (pack_activation_bf16's layout, from the
+  // rows in column order, FP4 included); null where the caller did not make them (that kernel
+  // then runs the float one, which reads xq).
+  const uint16_t* xb = nullptr;
   const float* xs = nullptr;
   int64_t x_ld = 0, nb = 0;
   const int64_t* x_rows = nullptr;
@@ -123,6 +127,13 @@ struct BlockScaledArgs {
 using BlockScaledFn = void (*)(const BlockScaledArgs&);
 void gemm_block_scaled_portable(const BlockScaledArgs& a);
 void gemm_block_scaled_avx512(const BlockScaledArgs& a);  // needs avx512 f/bw/vl (+ f16c)
+// FP8 and FP4 through VDPBF16PS (needs avx512bf16; a.xb null: gemm_block_scaled_avx512).
+void gemm_block_scaled_avx512bf16(const BlockScaledArgs& a);
+// The bf16 activation layout of gemm_block_scaled_avx512bf16: n (a multiple of 64) e4m3 values
+// (as float, unscaled) times 2^112 (exact: 3 mantissa bits, every e4m3 value and its product
+// with 2^112 a normal bf16), each 64-wide group as its 32 even columns, then its 32 odd ones.
+constexpr int kBf16ActShift = 112;
+void pack_activation_bf16(const float* q, int64_t n, uint16_t* out);
 
 // Register-resident peak loops for the ceilings (no memory traffic): returns flops done.
 double peak_loop_amx(int64_t iters);
