@@ -1,0 +1,135 @@
+// The block-scaled experts kernel, float decode (gemm_block_scaled_avx512) against the bf16
+// decode + VDPBF16PS one (gemm_block_scaled_avx512bf16), on weights streamed from DRAM: 8 matrices
+// of 4096 x 7168 (DeepSeek-V3's gate_up of the 8 experts one token hits; FP8 235 MB, FP4 117 MB
+// + 1 x 32 scales), rows split over OpenMP threads in 64-row tasks as grouped_mm does. Prints
+// GB/s of codes + scales and the ratio of the two; checks both against each other first.
+//
+//   g++ -std=c++20 -O2 -fopenmp -Iinclude -Isrc lab/cpu/block_scaled_kernel_lab.cpp -Lbuild -lmoex \
+//       -Wl,-rpath,build -o build/block_scaled_kernel_lab && OMP_NUM_THREADS=2 build/block_scaled_kernel_lab
+//
+// HUGE=1 puts the codes on 2 MiB pages (THP via madvise) to see what TLB misses cost. The prefetch
+// distance and the weight-row pairing of the kernel were chosen with this lab (docs/cpu.md).
+#include <omp.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cpu/engine.hpp"
+#include "cpu/kernels/kernels.hpp"
+#include "moex/dtype.hpp"
+
+namespace k = moex::cpu::kernels;
+
+namespace {
+
+struct Problem {
+  bool fp4;
+  int64_t row_bytes;
+  std::vector<uint8_t> w, scale;  // FP8: float scales (bytes), FP4: UE8M0
+  uint8_t* huge = nullptr;         // a copy of w in huge pages (HUGE=1), else null
+  const uint8_t* codes() const { return huge ? huge : w.data(); }
+  std::vector<float> xq_float, xq_bf16src, xs;  // xq_float in the float kernel's order
+  std::vector<uint16_t> xb;
+};
+
+constexpr int64_t E = 8, N = 4096, K = 7168, nb = K / 128, tasks_per_e = N / 64;
+constexpr int M = 8;
+
+Problem make(bool fp4) {
+  Problem p;
+  p.fp4 = fp4;
+  p.row_bytes = fp4 ? K / 2 : K;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> g;
+  p.w.resize(size_t(E * N * p.row_bytes));
+  if (std::getenv("HUGE")) {  // the codes in 2 MiB pages (THP via madvise), as a check of TLB cost
+    const size_t bytes = (p.w.size() + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    p.huge = static_cast<uint8_t*>(std::aligned_alloc(2u << 20, bytes));
+    madvise(p.huge, bytes, MADV_HUGEPAGE);
+  }
+  // Codes as a checkpoint holds them: FP8 Gaussian weights quantized with amax -> 448 (subnormals
+  // rare), FP4 uniform nibbles.
+  for (auto& c : p.w) c = fp4 ? uint8_t(rng()) : moex::float_to_f8e4m3(std::clamp(g(rng) * 100.f, -448.f, 448.f));
+  if (p.huge) std::memcpy(p.huge, p.w.data(), p.w.size());
+  if (fp4) {
+    p.scale.resize(size_t(E * N * (K / 32)));
+    for (auto& c : p.scale) c = uint8_t(120 + rng() % 6);
+  } else {
+    p.scale.resize(size_t(E * (N / 128) * nb) * 4);
+    for (size_t i = 0; i < p.scale.size() / 4; ++i) {
+      const float v = 1e-3f * float(1 + rng() % 100);
+      std::memcpy(&p.scale[i * 4], &v, 4);
+    }
+  }
+  p.xq_float.resize(size_t(M * K));
+  p.xq_bf16src.resize(size_t(M * K));
+  p.xs.assign(size_t(M * nb), 1e-2f);
+  p.xb.resize(size_t(M * K));
+  for (int m = 0; m < M; ++m) {
+    float* nat = &p.xq_bf16src[size_t(m * K)];
+    for (int64_t c = 0; c < K; ++c) nat[c] = moex::f8e4m3_to_float(moex::float_to_f8e4m3(g(rng) * 100.f));
+    for (int64_t c = 0; c < K; ++c) {  // the float FP4 kernel reads each 32 block evens, then odds
+      const int64_t r = c % 32, pos = fp4 ? c - r + (r % 2 ? 16 + r / 2 : r / 2) : c;
+      p.xq_float[size_t(m * K + pos)] = nat[c];
+    }
+    k::pack_activation_bf16(nat, K, &p.xb[size_t(m * K)]);
+  }
+  return p;
+}
+
+void run(const Problem& p, k::BlockScaledFn fn, int m, std::vector<float>& y) {
+  const bool bf16 = fn == k::gemm_block_scaled_avx512bf16;
+  const int64_t scols = p.fp4 ? K / 32 : nb, srows = p.fp4 ? N : N / 128;
+  const size_t sbytes = p.fp4 ? 1 : 4;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < E * tasks_per_e; ++t) {
+    const int64_t e = t / tasks_per_e, n0 = (t % tasks_per_e) * 64;
+    k::BlockScaledArgs a;
+    a.fp4 = p.fp4, a.w = p.codes() + e * N * p.row_bytes, a.row_bytes = p.row_bytes, a.k = K;
+    a.scale = p.scale.data() + size_t(e * srows * scols) * sbytes;
+    a.scale_dtype = p.fp4 ? moex::DType::kF8E8M0 : moex::DType::kF32, a.scale_cols = scols;
+    a.fused_rows = N, a.bn = p.fp4 ? 1 : 128;
+    a.xq = bf16 ? p.xq_bf16src.data() : p.xq_float.data(), a.xb = bf16 ? p.xb.data() : nullptr;
+    a.xs = p.xs.data(), a.x_ld = K, a.nb = nb, a.m = m, a.n0 = n0, a.n1 = n0 + 64;
+    a.y = y.data() + e * N * m, a.ldy = N;
+    fn(a);
+  }
+}
+
+}  // namespace
+
+int main() {
+  if (!moex::cpu::detect_cpu_features().avx512bf16) {
+    std::printf("needs AVX512-BF16\n");
+    return 1;
+  }
+  for (bool fp4 : {false, true}) {
+    const Problem p = make(fp4);
+    std::vector<float> y0(size_t(E * N * M)), y1(y0.size());
+    run(p, k::gemm_block_scaled_avx512, M, y0);
+    run(p, k::gemm_block_scaled_avx512bf16, M, y1);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < y0.size(); ++i) num += double(y0[i] - y1[i]) * (y0[i] - y1[i]), den += double(y0[i]) * y0[i];
+    std::printf("%s, threads %d: relative L2 difference float vs bf16 kernel %.2e\n", fp4 ? "FP4" : "FP8",
+                omp_get_max_threads(), std::sqrt(num / den));
+    const double bytes = double(p.w.size()) + double(p.scale.size());
+    for (int m : {1, 2, 4, 8}) {
+      double best[2] = {1e9, 1e9};
+      for (int rep = 0; rep < 7; ++rep)
+        for (int v = 0; v < 2; ++v) {  // interleaved, so drift on a shared machine hits both
+          const auto t0 = std::chrono::steady_clock::now();
+          run(p, v ? k::gemm_block_scaled_avx512bf16 : k::gemm_block_scaled_avx512, m, v ? y1 : y0);
+          best[v] = std::min(best[v], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+      std::printf("  M=%d  float %6.1f ms %5.1f GB/s   bf16 %6.1f ms %5.1f GB/s   speedup %.2fx\n", m,
+                  best[0] * 1e3, bytes / best[0] / 1e9, best[1] * 1e3, bytes / best[1] / 1e9, best[0] / best[1]);
+    }
+  }
+}
