@@ -45,6 +45,13 @@ inline int64_t scale_row_start(const BlockScaledArgs& a, int64_t n) {
   return quant::fused_scale_row(n, a.fused_rows, a.bn) * a.scale_cols;
 }
 
+// Activation row of slot i of the pass starting at call row m0 with mc rows; slots past mc
+// repeat the last row, so every pointer a pass sets up is valid (the loops stop at mc).
+inline int64_t pass_row(const BlockScaledArgs& a, int m0, int i, int mc) {
+  const int m = m0 + std::min(i, mc - 1);
+  return a.x_rows ? a.x_rows[m] : m;
+}
+
 }  // namespace
 
 // Portable: decode one weight row into float (in the kernel column order, per-32 FP4 scales
@@ -184,7 +191,7 @@ void block_scaled_rows(const BlockScaledArgs& a) {
       const float* x[kRowsPerPass];
       const float* xs[kRowsPerPass];
       for (int i = 0; i < kRowsPerPass; ++i) {
-        const int64_t r = a.x_rows ? a.x_rows[m0 + std::min(i, mc - 1)] : m0 + std::min(i, mc - 1);
+        const int64_t r = pass_row(a, m0, i, mc);
         x[i] = a.xq + r * a.x_ld;
         xs[i] = a.xs + r * a.nb;
       }
@@ -323,7 +330,7 @@ void bf16_rows(const BlockScaledArgs& a, int64_t n) {
     const float* xq[kRowsPerPass];
     const float* xs[kRowsPerPass];
     for (int i = 0; i < kRowsPerPass; ++i) {
-      const int64_t r = a.x_rows ? a.x_rows[m0 + std::min(i, mc - 1)] : m0 + std::min(i, mc - 1);
+      const int64_t r = pass_row(a, m0, i, mc);
       xb[i] = a.xb + r * a.x_ld;
       xq[i] = a.xq + r * a.x_ld;
       xs[i] = a.xs + r * a.nb;
