@@ -102,6 +102,50 @@ TEST(GraphDecodeLong, TenThousandReplaysKeepMemoryFlat) {
   EXPECT_EQ(seq.size(1), 4 + 10001);
 }
 
+// The graph ends with the token choice, which feeds the next replay on the device while the host
+// reads the previous step's ids (generate's decode pipeline). Against direct steps where the
+// host loop's logic matters: new-token counts around the capture (1 to 4), rows stopping at
+// different steps (stop tokens taken from the direct run), every row stopping (the replay
+// enqueued ahead is discarded) and a run right after that one (nothing of it leaks into the next).
+TEST(GraphDecodePipeline, StopsAndShortRunsEqualDirectLaunches) {
+  if (test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  auto lm = load_gpu("qwen2_moe", "checkpoint_bf16", DType::kBF16, "grouped_mm");
+  const Tensor prompt = Tensor::from_ints({5, 9, 2, 7, 1, 3, 8, 4, 6, 2, 5, 1}, {2, 6});
+  const Tensor mask = Tensor::from_ints({0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 6});
+  for (bool sample : {false, true}) {
+    const std::string what = sample ? "sampled" : "greedy";
+    for (int64_t n : {1, 2, 3, 4})
+      EXPECT_EQ(lm->generate(prompt, options(n, true, sample), mask).to_int_vector(),
+                lm->generate(prompt, options(n, false, sample), mask).to_int_vector())
+          << what << " " << n << " new tokens";
+    const std::vector<int64_t> free_run = lm->generate(prompt, options(16, false, sample), mask).to_int_vector();
+    const int64_t L = 6 + 16;
+    GenerationOptions g = options(16, false, sample);
+    g.eos_token_ids = std::vector<int64_t>{free_run[size_t(6 + 4)], free_run[size_t(L + 6 + 8)]};
+    const Tensor direct = lm->generate(prompt, g, mask);
+    g.cuda_graph = true;
+    const Tensor replay = lm->generate(prompt, g, mask);
+    EXPECT_TRUE(lm->last_generation_stats().graph) << lm->last_generation_stats().graph_note;
+    EXPECT_GE(lm->last_generation_stats().graph_replays, 1);
+    EXPECT_EQ(replay.to_int_vector(), direct.to_int_vector()) << what;
+    EXPECT_LT(direct.size(1), L) << what << ": every row should have stopped early";
+    EXPECT_EQ(lm->generate(prompt, options(16, true, sample), mask).to_int_vector(), free_run) << what;
+  }
+}
+
+// A sampled run past the planned cache: the pipeline ends when the cache must grow (the step
+// runs directly, the next one is captured again), and the generator skips the seeds the device
+// used, so the draws stay those of direct steps across both graphs.
+TEST(GraphDecodeLong, SampledRunAcrossCacheGrowthEqualsDirectLaunches) {
+  if (test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  auto lm = load_gpu("qwen2_moe", "checkpoint_bf16", DType::kBF16, "grouped_mm");
+  const Tensor prompt = Tensor::from_ints({1, 2, 3, 4}, {1, 4});
+  const Tensor direct = lm->generate(prompt, options(8300, false, true));
+  const Tensor replay = lm->generate(prompt, options(8300, true, true));
+  EXPECT_EQ(lm->last_generation_stats().graph_captures_dropped, 1);
+  EXPECT_EQ(replay.to_int_vector(), direct.to_int_vector());
+}
+
 // Quantized checkpoints capture too: their linears allocate activation codes and scales per call,
 // sizes the allocator's cache need not hold a block for when the capture starts (a cudaMalloc
 // inside a capture fails); the warm run under the graph's pool provides them

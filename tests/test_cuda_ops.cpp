@@ -689,18 +689,21 @@ TEST(CudaOps, ChooseTokensCountsNonFiniteLogits) {
   v[size_t(1 * V + 5)] = std::numeric_limits<float>::quiet_NaN();
   v[size_t(1 * V + 999)] = std::numeric_limits<float>::infinity();
   v[size_t(3 * V + 0)] = -std::numeric_limits<float>::infinity();
+  v[size_t(2 * V + 0)] = std::numeric_limits<float>::quiet_NaN();  // the host's argmax is then 0
   const Tensor logits = host(v, {B, V});
   std::mt19937_64 rng(1);
   std::vector<int64_t> want, got;
-  (void)ops::choose_tokens(logits, nullptr, rng, &want);
-  EXPECT_EQ(want, (std::vector<int64_t>{0, 2, 0, 1}));
+  const std::vector<int64_t> want_ids = ops::choose_tokens(logits, nullptr, rng, &want);
+  EXPECT_EQ(want, (std::vector<int64_t>{0, 2, 1, 1}));
+  EXPECT_EQ(want_ids[2], 0);
   ops::SamplingSpec spec;
   spec.temperature = 0.7f;
   const ops::SamplingSpec* specs[] = {nullptr, &spec};
   for (const ops::SamplingSpec* s : specs)
     for (DType stored : kActs) {
-      (void)ops::choose_tokens(device(logits, stored), s, rng, &got);
+      const std::vector<int64_t> ids = ops::choose_tokens(device(logits, stored), s, rng, &got);
       EXPECT_EQ(got, want) << name(stored) << (s ? " sampled" : " greedy");
+      if (!s && stored == DType::kF32) EXPECT_EQ(ids, want_ids);
     }
 }
 
@@ -748,6 +751,67 @@ TEST(CudaOps, SamplingSeedReproducible) {
   EXPECT_NE(a, c);
   // The next call draws a new seed from the same generator.
   EXPECT_NE(ops::choose_tokens(logits, &spec, r1), a);
+}
+
+// The choice inside a captured decode step: the same ids as choose_tokens (greedy, and sampled
+// with the feed's seeds in the order the generator gave them), the stop rule of generate's loop,
+// and the step's mirror moved one column on (past, left-padded positions, ids), twice in a row.
+TEST(CudaOps, ChooseAndFeedMovesTheStepOnAsTheHostLoopWould) {
+  if (moex::test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  const Device dev = Device::cuda(0);
+  const int64_t B = 3, V = 1000;
+  Tensor logits = device(host(random_values(size_t(B * V), 31, DType::kBF16, -2.0f, 2.0f), {B, V}), DType::kBF16);
+  std::mt19937_64 unused(0);
+  const std::vector<int64_t> argmax = ops::choose_tokens(logits, nullptr, unused);
+  ops::SamplingSpec spec;
+  spec.temperature = 1.5f;
+  spec.top_k = 100;
+  for (bool sample : {false, true}) {
+    ops::Step step(B, 1, 4);
+    step.pad = {0, 2, 5};
+    step.ids = {1, 2, 3};
+    ops::make_device_step(step, dev);
+    // Row 1 stopped before (token 77); greedy, row 2's choice is a stop token (a draw need not
+    // hit it, so the sampled case has none it could choose).
+    const std::vector<int64_t> stop = {-1, 77, -1};
+    const std::vector<int64_t> eos = sample ? std::vector<int64_t>{999999} : std::vector<int64_t>{argmax[2], 999999};
+    std::mt19937_64 rng(42), ahead = rng;
+    const std::vector<uint64_t> seeds = {ahead(), ahead()};
+    ops::DeviceFeed feed;
+    ops::make_device_feed(feed, stop, eos, sample ? seeds : std::vector<uint64_t>{}, dev);
+    const ops::SamplingSpec* s = sample ? &spec : nullptr;
+    for (int call = 0; call < 2; ++call) {
+      std::vector<int64_t> want = sample ? ops::choose_tokens(logits, s, rng) : argmax;
+      want[1] = 77;
+      ops::choose_and_feed(logits, s, step, feed);
+      const std::vector<int64_t> out = feed.out.to(Device::cpu()).to_int_vector();
+      const std::string what = std::string(sample ? "sampled" : "greedy") + " call " + std::to_string(call);
+      EXPECT_EQ(std::vector<int64_t>(out.begin(), out.begin() + B), want) << what;
+      EXPECT_EQ(std::vector<int64_t>(out.begin() + B, out.end()), std::vector<int64_t>(size_t(B), 0)) << what;
+      const int64_t past = 5 + call;
+      const std::vector<int64_t> mirror = step.device.to(Device::cpu()).to_int_vector();
+      const std::vector<int64_t> positions = {past, past - 2, past < 5 ? 1 : past - 5};
+      std::vector<int64_t> expect_mirror = {past, 0, 2, 5};
+      expect_mirror.insert(expect_mirror.end(), positions.begin(), positions.end());
+      expect_mirror.insert(expect_mirror.end(), want.begin(), want.end());
+      EXPECT_EQ(mirror, expect_mirror) << what;
+      const std::vector<int64_t> state = feed.state.to(Device::cpu()).to_int_vector();
+      EXPECT_EQ(state[0], call + 1) << what;  // draws made
+      EXPECT_EQ(state[1], 0) << what;         // the ticket is ready for the next step
+      EXPECT_EQ(state[3], 77) << what;
+      if (!sample) EXPECT_EQ(state[4], argmax[2]) << what;
+    }
+  }
+  ops::Step two(B, 2, 0);
+  ops::make_device_step(two, dev);
+  ops::DeviceFeed feed;
+  ops::make_device_feed(feed, {-1, -1, -1}, {}, {}, dev);
+  EXPECT_THROW(ops::choose_and_feed(logits, nullptr, two, feed), moex::InvalidInput);
+  ops::Step one(B, 1, 0);
+  EXPECT_THROW(ops::choose_and_feed(logits, nullptr, one, feed), moex::InvalidInput);  // no mirror
+  ops::make_device_step(one, dev);
+  EXPECT_THROW(ops::choose_and_feed(logits, &spec, one, feed), moex::InvalidInput);  // no seeds
+  EXPECT_THROW(ops::make_device_feed(feed, {}, {}, {}, dev), moex::InvalidInput);
 }
 
 // The host's warpers in double on one row: the distribution the device must draw from.

@@ -113,6 +113,42 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  // The decode stage as a whole: each replay's span (one cudaGraphLaunch = one correlation id),
+  // the interval between consecutive replays' starts (what a token costs once the graph runs) and
+  // the idle time between one replay's last kernel and the next one's first; and what ran before
+  // the first replay (prefill, the direct first step, the capture's warm run).
+  {
+    std::map<uint32_t, std::pair<uint64_t, uint64_t>> span;  // correlation -> (first start, last end)
+    uint64_t first = UINT64_MAX, last_end = 0;
+    for (const Kernel& k : g_kernels) {
+      first = std::min(first, k.start);
+      last_end = std::max(last_end, k.end);
+      if (!k.graph) continue;
+      auto it = span.find(k.correlation);
+      if (it == span.end()) span[k.correlation] = {k.start, k.end};
+      else it->second = {std::min(it->second.first, k.start), std::max(it->second.second, k.end)};
+    }
+    std::vector<std::pair<uint64_t, uint64_t>> r;
+    for (const auto& [c, se] : span) r.push_back(se);
+    std::sort(r.begin(), r.end());
+    std::vector<double> interval, gap;
+    for (size_t i = 1; i < r.size(); ++i) {
+      interval.push_back((r[i].first - r[i - 1].first) / 1e3);
+      gap.push_back(r[i].first > r[i - 1].second ? (r[i].first - r[i - 1].second) / 1e3 : 0.0);
+    }
+    auto median = [](std::vector<double> v) {
+      if (v.empty()) return 0.0;
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    if (!r.empty())
+      std::printf("decode stage: %zu replays, median %.1f us from one replay's start to the next, median %.1f us idle "
+                  "between replays; %.2f ms of kernels' span before the first replay, %.2f ms from it to the last "
+                  "kernel, %.2f ms in all\n",
+                  r.size(), median(interval), median(gap), (r.front().first - first) / 1e6,
+                  (last_end - r.front().first) / 1e6, (last_end - first) / 1e6);
+  }
+
   // The last replayed step: the graph kernels of the highest correlation id (one cudaGraphLaunch).
   uint32_t last = 0;
   for (const Kernel& k : g_kernels)

@@ -39,6 +39,22 @@ class CapturedGraph {
 // codes and scales per call). Unsupported without CUDA.
 std::unique_ptr<CapturedGraph> capture_graph(Device device, const std::function<void()>& fn,
                                              const std::function<void()>& rewind = {});
+// Copies of a small device tensor into page-locked host slots, each finished by its own event,
+// on the calling thread's current stream of the device: a host loop enqueues the copy of step
+// n + 1 before it waits for step n's (generate's decode pipeline), so the device never waits for
+// the host between steps. Unsupported without CUDA.
+class AsyncDownload {
+ public:
+  virtual ~AsyncDownload() = default;
+  // Enqueues the copy of `src` (contiguous, at most the bytes given at creation) into `slot`.
+  virtual void enqueue(const Tensor& src, int slot) = 0;
+  // Blocks until the slot's last enqueued copy is done; its bytes stay valid until the slot is
+  // enqueued again.
+  virtual const void* wait(int slot) = 0;
+  // Blocks until everything enqueued so far on the stream the copies went to has run.
+  virtual void drain() = 0;
+};
+std::unique_ptr<AsyncDownload> make_async_download(Device device, size_t bytes, int slots);
 // The calling thread's current stream of a CUDA device, as cudaStream_t (moex::cuda::current_stream).
 void* current_stream(Device device);
 // Whether the calling thread's current stream of `device` is being captured into a graph (work

@@ -20,6 +20,10 @@ std::unique_ptr<CapturedGraph> capture_graph(Device device, const std::function<
                                              const std::function<void()>&) {
   throw Unsupported("graph capture on " + device.str() + " requested, but this moex was built without CUDA");
 }
+std::unique_ptr<AsyncDownload> make_async_download(Device device, size_t, int) {
+  throw Unsupported("an asynchronous download from " + device.str() +
+                    " was requested, but this moex was built without CUDA");
+}
 void* current_stream(Device device) {
   throw Unsupported("a stream of " + device.str() +
                     " was requested, but this moex was built without CUDA");

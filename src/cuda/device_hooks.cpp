@@ -2,9 +2,11 @@
 // layer (src/cuda/runtime.hpp). Only CUDA builds compile this folder.
 #include "core/device_hooks.hpp"
 #include "cuda/runtime.hpp"
+#include "moex/error.hpp"
 
 #include <map>
 #include <utility>
+#include <vector>
 
 namespace moex::detail {
 
@@ -76,6 +78,73 @@ std::unique_ptr<CapturedGraph> capture_graph(Device device, const std::function<
   // shared expert's side branch runs below the routed experts' chain, as it does uncaptured).
   MOEX_CUDA_CHECK(cudaGraphInstantiate(&g->exec_, g->graph_, cudaGraphInstantiateFlagUseNodePriority));
   return g;
+}
+
+namespace {
+
+class CudaAsyncDownload final : public AsyncDownload {
+ public:
+  CudaAsyncDownload(int device, size_t bytes, int slots) : device_(device), bytes_(bytes) {
+    if (slots < 1 || bytes == 0) throw InvalidInput("make_async_download: needs >= 1 slot of >= 1 byte");
+    moex::cuda::DeviceGuard guard(device_);
+    slots_.resize(size_t(slots));
+    for (auto& sl : slots_) {
+      MOEX_CUDA_CHECK(cudaHostAlloc(&sl.host, bytes_, cudaHostAllocDefault));
+      MOEX_CUDA_CHECK(cudaEventCreateWithFlags(&sl.done, cudaEventDisableTiming));
+    }
+  }
+  ~CudaAsyncDownload() override {
+    moex::cuda::DeviceGuard guard(device_);
+    if (stream_) cudaStreamSynchronize(stream_);  // no copy may still target a freed slot
+    for (auto& sl : slots_) {
+      if (sl.done) cudaEventDestroy(sl.done);
+      if (sl.host) cudaFreeHost(sl.host);
+    }
+  }
+  void enqueue(const Tensor& src, int slot) override {
+    if (src.nbytes() > bytes_ || !src.is_contiguous() || src.device() != Device::cuda(device_))
+      throw InvalidInput("AsyncDownload::enqueue: " + std::to_string(src.nbytes()) + " bytes from " +
+                         src.device().str() + " into slots of " + std::to_string(bytes_) + " bytes on cuda:" +
+                         std::to_string(device_));
+    auto& sl = at(slot);
+    moex::cuda::DeviceGuard guard(device_);
+    stream_ = moex::cuda::current_stream();
+    MOEX_CUDA_CHECK(cudaMemcpyAsync(sl.host, src.raw(), src.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    MOEX_CUDA_CHECK(cudaEventRecord(sl.done, stream_));
+  }
+  const void* wait(int slot) override {
+    auto& sl = at(slot);
+    moex::cuda::DeviceGuard guard(device_);
+    MOEX_CUDA_CHECK(cudaEventSynchronize(sl.done));
+    return sl.host;
+  }
+  void drain() override {
+    if (!stream_) return;
+    moex::cuda::DeviceGuard guard(device_);
+    MOEX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  struct Slot {
+    void* host = nullptr;
+    cudaEvent_t done = nullptr;
+  };
+  Slot& at(int slot) {
+    if (slot < 0 || size_t(slot) >= slots_.size())
+      throw InvalidInput("AsyncDownload: slot " + std::to_string(slot) + " of " + std::to_string(slots_.size()));
+    return slots_[size_t(slot)];
+  }
+  int device_;
+  size_t bytes_;
+  std::vector<Slot> slots_;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<AsyncDownload> make_async_download(Device device, size_t bytes, int slots) {
+  if (!device.is_cuda()) throw Unsupported("an asynchronous download needs a CUDA device, got " + device.str());
+  return std::make_unique<CudaAsyncDownload>(device.index, bytes, slots);
 }
 
 void* current_stream(Device device) {

@@ -8,7 +8,7 @@
 // sequences keep the padding where it was, as transformers' generate does.
 //
 // GenerationOptions::on_step is called from this host loop, which every device shares, right
-// after choose_tokens has brought the step's ids to the host: streaming costs no extra sync.
+// after the step's ids reach the host: streaming costs no extra sync.
 //
 // Sampling follows transformers' warper order: temperature, then top-k, then top-p, then a draw
 // from the softmax. The random stream is moex's own (std::mt19937_64 seeded with `seed`), so a
@@ -99,13 +99,36 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   // restores the caller's map when this scope ends, normally or by an exception.
   std::optional<ScopedExpertsImplementation> decode_guard;
   // CUDA graph of one decode step: captured on the second decode step (the first warmed every
-  // plan and workspace), replayed afterwards with the step's mirror updated in place. It stays
-  // valid while the cache keeps its tensors (the capacity planned above).
+  // plan and workspace), replayed afterwards. It stays valid while the cache keeps its tensors
+  // (the capacity planned above).
+  //
+  // The graph ends with the token choice, which feeds the chosen ids to the next step on the
+  // device (ops::choose_and_feed: the step's mirror, the stop rule, the draws' seeds), so the loop
+  // is a pipeline: replay n + 1 is enqueued before the host waits for the ids of replay n, and
+  // the GPU runs step after step without waiting for the host (the host reads each step's ids
+  // from page-locked memory one step behind; the only synchronisation per step is that wait).
+  // When every row stops, the one replay enqueued ahead is discarded (it fed a column the cache
+  // has; nothing reads it). Sampled draws take seeds drawn in order from `rng` ahead of time (a
+  // copy), and `rng` skips the ones the device used when the pipeline ends: the tokens equal those
+  // of direct steps, which draw one seed per step.
   const bool want_graph = options.cuda_graph && info_.device.is_cuda();
   bool graph_off = !want_graph;
   std::unique_ptr<detail::CapturedGraph> graph;
   model::Step graph_step{B, 1, T};
   Tensor graph_logits;
+  ops::DeviceFeed feed;
+  std::unique_ptr<detail::AsyncDownload> download;
+  int64_t in_flight = 0;      // replays enqueued whose ids the host has not read (0, 1 or 2)
+  int64_t device_draws = 0;   // seeds of `rng` the device used since the pipeline started
+  // However the loop ends, no replay may still write into the cache, the logits or the slots
+  // when they are freed (declared after them: destroyed first).
+  struct Drain {
+    std::unique_ptr<detail::AsyncDownload>& d;
+    int64_t& in_flight;
+    ~Drain() {
+      if (d && in_flight > 0) try { d->drain(); } catch (...) {}
+    }
+  } drain{download, in_flight};
   auto filled = [&] {
     std::vector<int64_t> f;
     for (const auto& l : cache.layers) f.push_back(l.filled);
@@ -116,16 +139,41 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
     for (const auto& l : cache.layers) c = std::min(c, l.capacity());
     return c;
   };
-  for (int64_t n = 0; n < options.max_new_tokens; ++n) {
-    // Non-finite logits would pick garbage tokens silently. On the host the check is one pass
-    // over B x V floats (naming the first value); on a GPU the token choice counts them in its
-    // pass and the counts come back with the ids (no extra copy or sync).
-    if (info_.device.host_accessible() && logits.dtype() == DType::kF32)
-      check_finite(logits, "at new token " + std::to_string(n));
-    // One choice for every row (on the model's device; the ids come back to the host).
-    std::vector<int64_t> nonfinite;
-    std::vector<int64_t> next = ops::choose_tokens(logits, options.do_sample ? &sampling : nullptr, rng,
-                                                   info_.device.host_accessible() ? nullptr : &nonfinite);
+  // Enqueues the replay that feeds new token n (already in the mirror) and the download of the
+  // token it chooses (n + 1) into slot (n + 1) % 2.
+  auto launch = [&](int64_t n_fed) {
+    graph->replay();
+    ++stats_.graph_replays;
+    for (auto& l : cache.layers) ++l.filled;
+    download->enqueue(feed.out, int((n_fed + 1) % 2));
+    ++in_flight;
+  };
+  auto leave_pipeline = [&] {
+    if (options.do_sample) rng.discard(static_cast<unsigned long long>(device_draws));
+    device_draws = 0;
+  };
+  const int64_t max_new = options.max_new_tokens;
+  for (int64_t n = 0; n < max_new; ++n) {
+    std::vector<int64_t> nonfinite, next;
+    if (in_flight > 0) {
+      // Token n was chosen on the device by the replay that fed token n - 1. The replay that
+      // feeds it goes first, when a token n + 1 will be wanted and the cache has its column.
+      if (n + 1 < max_new && T + n + 1 <= capacity()) launch(n);
+      const auto* r = static_cast<const int64_t*>(download->wait(int(n % 2)));
+      --in_flight;
+      ++device_draws;
+      next.assign(r, r + B);
+      nonfinite.assign(r + B, r + 2 * B);
+    } else {
+      // Non-finite logits would pick garbage tokens silently. On the host the check is one pass
+      // over B x V floats (naming the first value); on a GPU the token choice counts them in its
+      // pass and the counts come back with the ids (no extra copy or sync).
+      if (info_.device.host_accessible() && logits.dtype() == DType::kF32)
+        check_finite(logits, "at new token " + std::to_string(n));
+      // One choice for every row (on the model's device; the ids come back to the host).
+      next = ops::choose_tokens(logits, options.do_sample ? &sampling : nullptr, rng,
+                                info_.device.host_accessible() ? nullptr : &nonfinite);
+    }
     for (size_t b = 0; b < nonfinite.size(); ++b)
       if (nonfinite[b] > 0)
         throw Error("the forward gave a non-finite logit (" + std::to_string(nonfinite[b]) +
@@ -147,7 +195,8 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
     }
     for (int64_t b = 0; b < B; ++b) seqs[size_t(b)].push_back(next[size_t(b)]);
     if (options.on_step) options.on_step(std::span<const int64_t>(next));
-    if (all_done || n + 1 == options.max_new_tokens) break;
+    if (all_done || n + 1 == max_new) break;
+    if (in_flight > 0) continue;  // the step feeding token n is already enqueued
     if (!decode_guard) {
       // The switch is a speed policy, not the user's request: when a switched backend cannot
       // serve these experts (Unsupported), decoding keeps the caller's map instead of failing.
@@ -162,25 +211,44 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
     step.pad = pad;
     step.ids = next;
     const bool fits = T + n + 1 <= capacity();
-    if (graph && !fits) {
-      // The cache must grow: its tensors move and the graph's addresses go stale. This step runs
-      // directly (and grows the cache); the next one is captured again at the new capacity.
+    if (graph) {
+      // Only a step the cache has no column for ends the pipeline here: the cache must grow, its
+      // tensors move and the graph's addresses go stale. This step runs directly (and grows the
+      // cache); the next one is captured again at the new capacity.
       graph.reset();
       graph_logits = Tensor();
       ++stats_.graph_captures_dropped;
+      leave_pipeline();
     }
-    if (!graph_off && !graph && n >= 1 && fits) {
+    if (!graph_off && n >= 1 && fits) {
       graph_step = step;
       ops::make_device_step(graph_step, info_.device);
       const std::vector<int64_t> before = filled();
+      // The device's share of the loop: stop state, stop tokens, and one seed per replay this
+      // capacity allows (drawn from a copy of rng; rng skips the used ones when the pipeline ends).
+      std::vector<uint64_t> seeds;
+      if (options.do_sample) {
+        std::mt19937_64 ahead = rng;
+        const int64_t replays = std::min(capacity() - T - 1, max_new - 2) - n + 1;
+        for (int64_t i = 0; i < replays; ++i) seeds.push_back(ahead());
+      }
+      auto reset_feed = [&] { ops::make_device_feed(feed, stop_token, eos, seeds, info_.device); };
+      reset_feed();
       try {
         // Warm run first (the step's temporaries then come from the graph's pool), rewound:
-        // the capture writes the same cache column again and counts it once.
+        // the capture writes the same cache column again and counts it once, from the same mirror
+        // and feed (the warm run's choice moved both on).
         graph = detail::capture_graph(
-            info_.device, [&] { graph_logits = forward(graph_step, cache, true); },
+            info_.device,
+            [&] {
+              graph_logits = forward(graph_step, cache, true);
+              ops::choose_and_feed(graph_logits, options.do_sample ? &sampling : nullptr, graph_step, feed);
+            },
             [&] {
               for (size_t l = 0; l < cache.layers.size(); ++l) cache.layers[l].filled = before[l];
               graph_logits = Tensor();
+              ops::make_device_step(graph_step, info_.device);
+              reset_feed();
             });
         stats_.graph = true;
       } catch (const std::exception& e) {
@@ -190,23 +258,17 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
         stats_.graph_note = std::string("decode steps ran directly: capture failed: ") + e.what();
       }
       if (graph) {  // the capture recorded this step (and counted its cache column); run it
-        graph->replay();
-        ++stats_.graph_replays;
-        logits = graph_logits;
+        if (!download) download = detail::make_async_download(info_.device, size_t(2 * B) * sizeof(int64_t), 2);
+        for (size_t l = 0; l < cache.layers.size(); ++l) cache.layers[l].filled = before[l];
+        launch(n);
         continue;
       }
     }
-    if (graph) {
-      graph_step.past = step.past;
-      graph_step.ids = step.ids;
-      ops::make_device_step(graph_step, info_.device);  // in place: the address the graph reads
-      graph->replay();
-      ++stats_.graph_replays;
-      for (auto& l : cache.layers) ++l.filled;
-      logits = graph_logits;
-      continue;
-    }
     logits = forward(step, cache, true);
+  }
+  if (in_flight > 0) {
+    download->drain();
+    in_flight = 0;
   }
 
   const int64_t L = int64_t(seqs[0].size());

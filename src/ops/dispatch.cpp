@@ -257,4 +257,22 @@ std::vector<int64_t> choose_tokens(const Tensor& logits, const SamplingSpec* sam
       MOEX_OPS_DEVICE(choose_tokens(logits, sampling, rng, nonfinite)));
 }
 
+// (The host branches throw: a CPU-only build uses no argument.)
+void make_device_feed([[maybe_unused]] DeviceFeed& feed, [[maybe_unused]] const std::vector<int64_t>& stop_token,
+                      [[maybe_unused]] const std::vector<int64_t>& eos,
+                      [[maybe_unused]] const std::vector<uint64_t>& seeds, Device device) {
+  dispatch(
+      "make_device_feed", device,
+      [] { throw Unsupported("make_device_feed: the host chooses tokens on the host (choose_tokens)"); },
+      MOEX_OPS_DEVICE(make_device_feed(feed, stop_token, eos, seeds, device)));
+}
+
+void choose_and_feed(const Tensor& logits, [[maybe_unused]] const SamplingSpec* sampling, [[maybe_unused]] Step& step,
+                     [[maybe_unused]] DeviceFeed& feed) {
+  dispatch(
+      "choose_and_feed", logits.device(),
+      [] { throw Unsupported("choose_and_feed: the host chooses tokens on the host (choose_tokens)"); },
+      MOEX_OPS_DEVICE(choose_and_feed(logits, sampling, step, feed)));
+}
+
 }  // namespace moex::ops

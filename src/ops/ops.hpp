@@ -386,4 +386,30 @@ std::vector<int64_t> choose_tokens(const Tensor& logits, const SamplingSpec* sam
 std::vector<int64_t> choose_tokens(const Tensor& logits, const SamplingSpec* sampling, std::mt19937_64& rng,
                                    std::vector<int64_t>* nonfinite);
 
+// ---- the token choice inside a captured decode step ----
+// A decode loop whose steps choose their tokens on the device and feed them to the next step
+// there, so that the host can enqueue step n + 1 before it reads step n's ids (generate's CUDA
+// graph pipeline). The device holds what the host loop would otherwise apply between steps:
+// which rows stopped (and with which token), the stop tokens, and the seeds of the draws (draw i
+// takes seeds[i], drawn in order from the caller's generator, so the tokens equal those of
+// choose_tokens step by step).
+struct DeviceFeed {
+  Tensor state;  // int64 [2 + 2B]: {draws made, completion ticket, stop token per row (-1 =
+                 // running), the greedy choice's ticket per row}
+  Tensor eos;    // int64 [n] stop tokens (undefined when none)
+  Tensor seeds;  // int64 [n] the draws' seeds as bits (undefined when greedy)
+  Tensor out;    // int64 [2B]: each row's fed id, then its count of non-finite logits
+  Tensor work;   // the greedy choice's partial results per row
+};
+// Writes `feed` on `device` (in place when its tensors already have these sizes there: a captured
+// step reads fixed addresses), with the uploads on the current stream. stop_token: B entries.
+void make_device_feed(DeviceFeed& feed, const std::vector<int64_t>& stop_token, const std::vector<int64_t>& eos,
+                      const std::vector<uint64_t>& seeds, Device device);
+// choose_tokens' choice (argmax, or a draw with `sampling` and the feed's next seed) of every row
+// of logits [B, V] for a step of one token per row, enqueued without a download: a row that
+// stopped feeds its stop token, a row whose choice is a stop token stops; the fed ids and the
+// non-finite counts go to feed.out, the ids to step.device, and the step moves one column on
+// (past + 1 and the positions with it). CUDA only (the host loop chooses on the host).
+void choose_and_feed(const Tensor& logits, const SamplingSpec* sampling, Step& step, DeviceFeed& feed);
+
 }  // namespace moex::ops

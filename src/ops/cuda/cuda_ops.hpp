@@ -112,5 +112,8 @@ Routing sigmoid_group_topk(const Tensor& logits, const Tensor& correction, const
 
 std::vector<int64_t> choose_tokens(const Tensor& logits, const SamplingSpec* sampling, std::mt19937_64& rng,
                                    std::vector<int64_t>* nonfinite = nullptr);
+void make_device_feed(DeviceFeed& feed, const std::vector<int64_t>& stop_token, const std::vector<int64_t>& eos,
+                      const std::vector<uint64_t>& seeds, Device device);
+void choose_and_feed(const Tensor& logits, const SamplingSpec* sampling, Step& step, DeviceFeed& feed);
 
 }  // namespace moex::ops::cuda
