@@ -84,20 +84,24 @@ TEST(GraphDecodeFallback, EagerRunsDirectlyWithANote) {
 }
 
 // 10,000 decode steps: the caching allocator's reservation does not move once warm (no
-// per-step allocation escapes the graph's pool).
+// per-step allocation escapes the graph's pool). The first call runs one step directly, captures
+// the next, and drops and captures again when the cache outgrows its plan; later calls replay
+// that graph from their first step, with the same peak.
 TEST(GraphDecodeLong, TenThousandReplaysKeepMemoryFlat) {
   if (test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
   auto lm = load_gpu("qwen2_moe", "checkpoint_bf16", DType::kBF16, "grouped_mm");
   const Tensor prompt = Tensor::from_ints({1, 2, 3, 4}, {1, 4});
-  lm->generate(prompt, options(10001, true, false));  // warm: cache of this capacity, pools
+  lm->generate(prompt, options(10001, true, false));  // captures; the cache grows past its plan
+  lm->generate(prompt, options(10001, true, false));  // replays that graph: the steady state
   const int64_t before = peak_memory_bytes(Device::cuda(0));
   const Tensor seq = lm->generate(prompt, options(10001, true, false));
   const GenerationStats& s = lm->last_generation_stats();
   EXPECT_TRUE(s.graph) << s.graph_note;
-  // 10,000 steps after the prefill: one runs directly before the capture, one when the cache
-  // outgrows its planned 8,192 columns and doubles (then the step is captured again).
-  EXPECT_GE(s.graph_replays, 9990);
-  EXPECT_EQ(s.graph_captures_dropped, 1);
+  // 10,000 steps after the prefill, all replays of the first call's graph (whose cache grew past
+  // its planned 8,192 columns there, so this call fits).
+  EXPECT_TRUE(s.graph_reused);
+  EXPECT_EQ(s.graph_replays, 10000);
+  EXPECT_EQ(s.graph_captures_dropped, 0);
   EXPECT_EQ(peak_memory_bytes(Device::cuda(0)), before);
   EXPECT_EQ(seq.size(1), 4 + 10001);
 }
@@ -133,6 +137,64 @@ TEST(GraphDecodePipeline, StopsAndShortRunsEqualDirectLaunches) {
   }
 }
 
+// The graph (and its cache) kept between calls: a call with the same batch, padding or none,
+// sampling values, stop tokens and decode-stage backends whose prompt + new tokens fit replays it
+// from its first decode step; any other call captures its own. Every call's tokens equal those of
+// direct launches on a second model.
+TEST(GraphDecodeSession, LaterCallsReplayTheGraphAndEqualDirectLaunches) {
+  if (test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  auto lm = load_gpu("qwen2_moe", "checkpoint_bf16", DType::kBF16, "grouped_mm");
+  auto ref = load_gpu("qwen2_moe", "checkpoint_bf16", DType::kBF16, "grouped_mm");
+  const Tensor p9 = Tensor::from_ints({5, 9, 2, 7, 1, 3, 8, 4, 6, 2, 5, 1, 7, 7, 3, 9, 8, 4}, {2, 9});
+  const Tensor p3 = Tensor::from_ints({3, 1, 4, 1, 5, 9}, {2, 3});
+  const Tensor p6 = Tensor::from_ints({5, 9, 2, 7, 1, 3, 8, 4, 6, 2, 5, 1}, {2, 6});
+  const Tensor m6 = Tensor::from_ints({0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 6});
+  struct Call {
+    const char* what;
+    Tensor prompt, mask;
+    int64_t n;
+    bool sample;
+    DecodeSwitch sw;
+    bool reused;
+  };
+  const Call calls[] = {
+      {"first", p9, Tensor(), 16, false, DecodeSwitch::kAuto, false},
+      {"shorter prompt", p3, Tensor(), 16, false, DecodeSwitch::kAuto, true},
+      {"fewer new tokens", p9, Tensor(), 8, false, DecodeSwitch::kAuto, true},
+      {"left padding", p6, m6, 16, false, DecodeSwitch::kAuto, false},
+      {"sampled", p6, m6, 16, true, DecodeSwitch::kAuto, false},
+      {"sampled again", p6, m6, 12, true, DecodeSwitch::kAuto, true},
+      {"longer than the cache", p9, Tensor(), 30, false, DecodeSwitch::kAuto, false},
+      {"fits the grown cache", p3, Tensor(), 20, false, DecodeSwitch::kAuto, true},
+      {"another decode backend", p3, Tensor(), 20, false, DecodeSwitch::kOff, false},
+      {"and back", p9, Tensor(), 16, false, DecodeSwitch::kAuto, false},
+  };
+  for (const Call& c : calls) {
+    GenerationOptions g = options(c.n, true, c.sample);
+    g.decode_switch = c.sw;
+    const Tensor got = lm->generate(c.prompt, g, c.mask);
+    const GenerationStats& s = lm->last_generation_stats();
+    EXPECT_TRUE(s.graph) << c.what << ": " << s.graph_note;
+    EXPECT_EQ(s.graph_reused, c.reused) << c.what;
+    g.cuda_graph = false;
+    EXPECT_EQ(got.to_int_vector(), ref->generate(c.prompt, g, c.mask).to_int_vector()) << c.what;
+  }
+  // Stop tokens are part of what a capture fixes; a row stopping early in a reused graph.
+  GenerationOptions g = options(16, true, false);
+  const std::vector<int64_t> free_run = lm->generate(p9, g).to_int_vector();
+  g.eos_token_ids = std::vector<int64_t>{free_run[size_t(9 + 3)]};
+  for (int round = 0; round < 2; ++round) {
+    const Tensor got = lm->generate(p9, g);
+    EXPECT_EQ(lm->last_generation_stats().graph_reused, round == 1);
+    GenerationOptions d = g;
+    d.cuda_graph = false;
+    EXPECT_EQ(got.to_int_vector(), ref->generate(p9, d).to_int_vector()) << "stop tokens, round " << round;
+  }
+  lm->release_decode_graph();
+  lm->generate(p9, g);
+  EXPECT_FALSE(lm->last_generation_stats().graph_reused);
+}
+
 // A sampled run past the planned cache: the pipeline ends when the cache must grow (the step
 // runs directly, the next one is captured again), and the generator skips the seeds the device
 // used, so the draws stay those of direct steps across both graphs.
@@ -141,6 +203,7 @@ TEST(GraphDecodeLong, SampledRunAcrossCacheGrowthEqualsDirectLaunches) {
   auto lm = load_gpu("qwen2_moe", "checkpoint_bf16", DType::kBF16, "grouped_mm");
   const Tensor prompt = Tensor::from_ints({1, 2, 3, 4}, {1, 4});
   const Tensor direct = lm->generate(prompt, options(8300, false, true));
+  lm->release_decode_graph();  // captured in this call
   const Tensor replay = lm->generate(prompt, options(8300, true, true));
   EXPECT_EQ(lm->last_generation_stats().graph_captures_dropped, 1);
   EXPECT_EQ(replay.to_int_vector(), direct.to_int_vector());

@@ -133,6 +133,7 @@ struct GenerationStats {
   std::string graph_note;  // why not, when a graph was asked for on CUDA and not used
   int64_t graph_replays = 0;           // decode steps run as a replay
   int64_t graph_captures_dropped = 0;  // re-captures after the KV cache grew past its capacity
+  bool graph_reused = false;  // the decode graph of an earlier call was replayed (no capture)
 };
 
 // The weights of one module group as held in memory (moex info): one entry per group and storage
@@ -184,6 +185,10 @@ struct ModelInfo {
   std::vector<WeightGroupInfo> weight_groups;
 };
 
+namespace detail {
+struct DecodeSession;  // src/model/decode_session.hpp
+}
+
 // A loaded model. Architectures derive from model::DecoderLM (src/model/architecture.hpp).
 class CausalLM {
  public:
@@ -233,11 +238,18 @@ class CausalLM {
 
   const GenerationStats& last_generation_stats() const { return stats_; }
 
+  // On a CUDA device generate() keeps its captured decode graph, with the KV cache it addresses,
+  // for the next call with the same batch size, padding or none, sampling values, stop tokens and
+  // decode-stage backends whose prompt + new tokens fit that cache: such a call replays it from
+  // its first decode step (no capture; GenerationStats::graph_reused). A call that does not fit
+  // replaces it. This frees it (the cache and the graph's memory go back to the allocator).
+  void release_decode_graph();
+
   // Stop tokens from generation_config.json (else config.json); {} when neither names one.
   const std::vector<int64_t>& default_eos_token_ids() const { return eos_; }
 
  protected:
-  CausalLM() = default;
+  CausalLM();  // out of line: the decode session is an incomplete type here
   // For architectures: the backend currently chosen for experts under `key` ("" or a sub-config).
   const std::string& experts_backend(const std::string& key = "") const;
   // Called once by the architecture at load for every experts module it builds, so that a
@@ -275,6 +287,7 @@ class CausalLM {
   ExpertsImplementation impl_;
   GenerationStats stats_;
   std::vector<std::pair<std::string, const Experts*>> experts_modules_;
+  std::unique_ptr<detail::DecodeSession> decode_session_;
 };
 
 // Loads config.json + safetensors from `dir` and builds the architecture named by model_type.

@@ -2,8 +2,9 @@
 // length, with the floor of every row.
 //
 // The model is loaded once. Every row (batch B, prompt P) runs one untimed generate of the same
-// shape first (plans, workspaces, the caching allocator and the experts' preparation warm up),
-// then `--repeats` timed ones; the median row is reported. Prompts are random ids (seeded), and
+// shape first (plans, workspaces, the caching allocator and the experts' preparation warm up; on
+// CUDA it also captures the decode graph, which the timed calls replay: `graph_reused` in the
+// JSON), then `--repeats` timed ones; the median row is reported. Prompts are random ids (seeded), and
 // stop tokens are ignored so that every row decodes exactly --new-tokens tokens.
 //
 // Floors (what the row would take if it only moved its bytes at the measured bandwidth, or only
@@ -147,6 +148,7 @@ int run_bench_generate(const std::vector<std::string>& argv) {
     int64_t peak_bytes;
     double prepare_s;  // the warm-up's: the first row packs the experts, later rows find them packed
     bool graph;
+    bool graph_reused;  // the timed calls replayed the warm-up's decode graph (no capture)
     std::string graph_note;
   };
   std::vector<Timed> timed;
@@ -183,7 +185,7 @@ int run_bench_generate(const std::vector<std::string>& argv) {
       const GenerationStats& last = lm->last_generation_stats();
       const int64_t peak = host ? proc_status_bytes("VmHWM").value_or(peak_memory_bytes(info.device))
                                 : peak_memory_bytes(info.device);
-      timed.push_back({B, P, median(prefill), median(decode), peak, prepare_s, last.graph, last.graph_note});
+      timed.push_back({B, P, median(prefill), median(decode), peak, prepare_s, last.graph, last.graph_reused, last.graph_note});
     }
   }
   // The ceilings last, so that their buffers do not count in the rows' peak memory.
@@ -260,6 +262,7 @@ int run_bench_generate(const std::vector<std::string>& argv) {
       j["experts_implementation"] = lm->get_experts_implementation();
       j["repeats"] = repeats;
       j["graph"] = t.graph;
+      j["graph_reused"] = t.graph_reused;
       if (!t.graph_note.empty()) j["graph_note"] = t.graph_note;
       if (json) {
         std::printf("%s\n", j.dump().c_str());

@@ -10,6 +10,7 @@
 
 #include "io/strict_json.hpp"
 #include "model/architecture.hpp"
+#include "model/decode_session.hpp"
 #include "moex/checkpoint.hpp"
 #include "moex/error.hpp"
 #include "moex/experts.hpp"
@@ -63,7 +64,10 @@ LoadOptions make_load_options(const std::string& dtype, const std::string& devic
   return o;
 }
 
+CausalLM::CausalLM() = default;
 CausalLM::~CausalLM() = default;
+
+void CausalLM::release_decode_graph() { decode_session_.reset(); }
 
 const std::string& CausalLM::experts_backend(const std::string& key) const {
   auto it = impl_.find(key);

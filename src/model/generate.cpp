@@ -20,8 +20,12 @@
 #include <cmath>
 #include <optional>
 #include <random>
+#include <iomanip>
+#include <sstream>
 
 #include "core/device_hooks.hpp"
+#include "model/decode_session.hpp"
+#include "moex/experts.hpp"
 #include "model/architecture.hpp"
 #include "moex/error.hpp"
 
@@ -66,21 +70,75 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   // that the cache keeps fixed shapes while decoding; a very large max_new_tokens reserves only
   // kPreallocatedNewTokens up front (generation may stop early) and the cache doubles past it.
   const int64_t planned = std::min(std::max<int64_t>(0, options.max_new_tokens - 1), kPreallocatedNewTokens);
-  model::KVCache cache(B, info_.num_layers, T + planned);
   using Clock = std::chrono::steady_clock;
   stats_ = GenerationStats{};
   stats_.batch = B;
   stats_.prompt_tokens = T;
-  // Pack / allocate once, outside the timed stages, for both stages' backends (a decode backend
-  // that cannot serve these experts is skipped here as it is below).
+  // Pack / allocate once, outside the timed stages, for both stages' backends. The decode
+  // stage's map: the switch is a speed policy, not the user's request, so when a switched backend
+  // cannot serve these experts (Unsupported) decoding keeps the caller's map.
   auto tp = Clock::now();
   prepare_experts(impl_);
+  ExpertsImplementation decode_map = impl_;
   if (options.max_new_tokens > 1) {
     try {
-      prepare_experts(decode_stage_experts_implementation(impl_, info_.device, options.decode_switch));
+      decode_map = decode_stage_experts_implementation(impl_, info_.device, options.decode_switch);
+      prepare_experts(decode_map);
     } catch (const Unsupported&) {
+      decode_map = impl_;
     }
   }
+
+  // CUDA graph of one decode step, kept between calls with the cache it addresses
+  // (detail::DecodeSession): a call with the same key whose prompt + new tokens fit that cache
+  // replays it from its first decode step; otherwise the first decode step runs directly (it
+  // warms plans and workspaces), the second is captured and replayed afterwards. It stays valid
+  // while the cache keeps its tensors (the capacity planned above).
+  //
+  // The graph ends with the token choice, which feeds the chosen ids to the next step on the
+  // device (ops::choose_and_feed: the step's mirror, the stop rule, the draws' seeds), so the loop
+  // is a pipeline: replay n + 1 is enqueued before the host waits for the ids of replay n, and
+  // the GPU runs step after step without waiting for the host (the host reads each step's ids
+  // from page-locked memory one step behind; the only synchronisation per step is that wait).
+  // When every row stops, the one replay enqueued ahead is discarded (it fed a column the cache
+  // has; nothing reads it). Sampled draws take seeds drawn in order from `rng` ahead of time (a
+  // copy), and `rng` skips the ones the device used when the pipeline ends: the tokens equal those
+  // of direct steps, which draw one seed per step.
+  const bool want_graph = options.cuda_graph && info_.device.is_cuda();
+  std::unique_ptr<detail::DecodeSession>& session = decode_session_;
+  std::string key;
+  if (want_graph) {
+    std::ostringstream k;
+    k << std::setprecision(9) << "B=" << B << " padded=" << !pad.empty() << " sample=" << options.do_sample;
+    if (options.do_sample) k << " t=" << options.temperature << " k=" << options.top_k << " p=" << options.top_p;
+    k << " eos=";
+    for (int64_t e : eos) k << e << ",";
+    for (const auto& [sub, name] : decode_map) {
+      k << " [" << sub << "]=" << name << "@";
+      try {
+        k << get_experts_backend(name).get();
+      } catch (const std::exception&) {
+        k << "?";
+      }
+    }
+    key = k.str();
+  }
+  const bool reuse = want_graph && session && session->key == key && session->graph &&
+                     session->capacity() >= T + planned;
+  if (session && want_graph && !reuse) session.reset();  // frees its cache before a new one is made
+  if (want_graph && !session) session = std::make_unique<detail::DecodeSession>(key, B, info_.num_layers, T + planned);
+  // A call that ends by an exception drops the session (whatever it left half done).
+  struct DropOnThrow {
+    std::unique_ptr<detail::DecodeSession>& s;
+    bool done = false;
+    ~DropOnThrow() {
+      if (!done) s.reset();
+    }
+  } drop_on_throw{session};
+  std::optional<model::KVCache> local_cache;
+  model::KVCache& cache = want_graph ? session->cache : local_cache.emplace(B, info_.num_layers, T + planned);
+  for (auto& l : cache.layers) l.filled = 0;
+
   auto t0 = Clock::now();
   stats_.prepare_seconds = std::chrono::duration<double>(t0 - tp).count();
   Tensor logits;
@@ -95,40 +153,21 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   auto t1 = Clock::now();
   stats_.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
 
-  // The decode steps (one token per sequence) run under the decode-stage policy; the guard
+  // The decode steps (one token per sequence) run under the decode-stage map; the guard
   // restores the caller's map when this scope ends, normally or by an exception.
   std::optional<ScopedExpertsImplementation> decode_guard;
-  // CUDA graph of one decode step: captured on the second decode step (the first warmed every
-  // plan and workspace), replayed afterwards. It stays valid while the cache keeps its tensors
-  // (the capacity planned above).
-  //
-  // The graph ends with the token choice, which feeds the chosen ids to the next step on the
-  // device (ops::choose_and_feed: the step's mirror, the stop rule, the draws' seeds), so the loop
-  // is a pipeline: replay n + 1 is enqueued before the host waits for the ids of replay n, and
-  // the GPU runs step after step without waiting for the host (the host reads each step's ids
-  // from page-locked memory one step behind; the only synchronisation per step is that wait).
-  // When every row stops, the one replay enqueued ahead is discarded (it fed a column the cache
-  // has; nothing reads it). Sampled draws take seeds drawn in order from `rng` ahead of time (a
-  // copy), and `rng` skips the ones the device used when the pipeline ends: the tokens equal those
-  // of direct steps, which draw one seed per step.
-  const bool want_graph = options.cuda_graph && info_.device.is_cuda();
   bool graph_off = !want_graph;
-  std::unique_ptr<detail::CapturedGraph> graph;
-  model::Step graph_step{B, 1, T};
-  Tensor graph_logits;
-  ops::DeviceFeed feed;
-  std::unique_ptr<detail::AsyncDownload> download;
   int64_t in_flight = 0;      // replays enqueued whose ids the host has not read (0, 1 or 2)
   int64_t device_draws = 0;   // seeds of `rng` the device used since the pipeline started
   // However the loop ends, no replay may still write into the cache, the logits or the slots
   // when they are freed (declared after them: destroyed first).
   struct Drain {
-    std::unique_ptr<detail::AsyncDownload>& d;
+    std::unique_ptr<detail::DecodeSession>& s;
     int64_t& in_flight;
     ~Drain() {
-      if (d && in_flight > 0) try { d->drain(); } catch (...) {}
+      if (s && s->download && in_flight > 0) try { s->download->drain(); } catch (...) {}
     }
-  } drain{download, in_flight};
+  } drain{session, in_flight};
   auto filled = [&] {
     std::vector<int64_t> f;
     for (const auto& l : cache.layers) f.push_back(l.filled);
@@ -142,15 +181,35 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   // Enqueues the replay that feeds new token n (already in the mirror) and the download of the
   // token it chooses (n + 1) into slot (n + 1) % 2.
   auto launch = [&](int64_t n_fed) {
-    graph->replay();
+    session->graph->replay();
     ++stats_.graph_replays;
     for (auto& l : cache.layers) ++l.filled;
-    download->enqueue(feed.out, int((n_fed + 1) % 2));
+    session->download->enqueue(session->feed.out, int((n_fed + 1) % 2));
     ++in_flight;
   };
   auto leave_pipeline = [&] {
     if (options.do_sample) rng.discard(static_cast<unsigned long long>(device_draws));
     device_draws = 0;
+  };
+  // Writes the state the graph's first replay of this call starts from: the step feeding new
+  // token n (host ids `next`) and the feed (stop state, stop tokens, the seeds of the replays this
+  // capacity allows, drawn from a copy of rng; a fixed count, since the graph bakes the buffer).
+  auto start_state = [&](int64_t n, const std::vector<int64_t>& next) {
+    auto& gs = session->graph_step;
+    gs.batch = B;
+    gs.tokens = 1;
+    gs.past = T + n;
+    gs.pad = pad;
+    gs.ids = next;
+    ops::make_device_step(gs, info_.device);
+    std::vector<uint64_t> seeds;
+    if (options.do_sample) {
+      std::mt19937_64 ahead = rng;
+      const int64_t replays = std::min(capacity() - T - 1, options.max_new_tokens - 2) - n + 1;
+      seeds.assign(size_t(std::max<int64_t>(capacity(), 1)), 0);
+      for (int64_t i = 0; i < replays; ++i) seeds[size_t(i)] = ahead();
+    }
+    ops::make_device_feed(session->feed, stop_token, eos, seeds, info_.device);
   };
   const int64_t max_new = options.max_new_tokens;
   for (int64_t n = 0; n < max_new; ++n) {
@@ -159,7 +218,7 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
       // Token n was chosen on the device by the replay that fed token n - 1. The replay that
       // feeds it goes first, when a token n + 1 will be wanted and the cache has its column.
       if (n + 1 < max_new && T + n + 1 <= capacity()) launch(n);
-      const auto* r = static_cast<const int64_t*>(download->wait(int(n % 2)));
+      const auto* r = static_cast<const int64_t*>(session->download->wait(int(n % 2)));
       --in_flight;
       ++device_draws;
       next.assign(r, r + B);
@@ -197,68 +256,60 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
     if (options.on_step) options.on_step(std::span<const int64_t>(next));
     if (all_done || n + 1 == max_new) break;
     if (in_flight > 0) continue;  // the step feeding token n is already enqueued
-    if (!decode_guard) {
-      // The switch is a speed policy, not the user's request: when a switched backend cannot
-      // serve these experts (Unsupported), decoding keeps the caller's map instead of failing.
-      try {
-        decode_guard.emplace(*this, decode_stage_experts_implementation(impl_, info_.device, options.decode_switch));
-      } catch (const Unsupported&) {
-        decode_guard.emplace(*this, impl_);
-      }
-    }
+    if (!decode_guard) decode_guard.emplace(*this, decode_map);
     // New tokens extend every row at the same column; the left padding stays masked.
     model::Step step{B, 1, T + n};
     step.pad = pad;
     step.ids = next;
     const bool fits = T + n + 1 <= capacity();
-    if (graph) {
+    if (n == 0 && reuse && fits) {
+      // The graph of an earlier call: replayed from this first decode step.
+      start_state(0, next);
+      if (!session->download)
+        session->download = detail::make_async_download(info_.device, size_t(2 * B) * sizeof(int64_t), 2);
+      stats_.graph = true;
+      stats_.graph_reused = true;
+      launch(0);
+      continue;
+    }
+    if (session && session->graph) {
       // Only a step the cache has no column for ends the pipeline here: the cache must grow, its
       // tensors move and the graph's addresses go stale. This step runs directly (and grows the
       // cache); the next one is captured again at the new capacity.
-      graph.reset();
-      graph_logits = Tensor();
+      session->graph.reset();
+      session->graph_logits = Tensor();
       ++stats_.graph_captures_dropped;
       leave_pipeline();
     }
     if (!graph_off && n >= 1 && fits) {
-      graph_step = step;
-      ops::make_device_step(graph_step, info_.device);
       const std::vector<int64_t> before = filled();
-      // The device's share of the loop: stop state, stop tokens, and one seed per replay this
-      // capacity allows (drawn from a copy of rng; rng skips the used ones when the pipeline ends).
-      std::vector<uint64_t> seeds;
-      if (options.do_sample) {
-        std::mt19937_64 ahead = rng;
-        const int64_t replays = std::min(capacity() - T - 1, max_new - 2) - n + 1;
-        for (int64_t i = 0; i < replays; ++i) seeds.push_back(ahead());
-      }
-      auto reset_feed = [&] { ops::make_device_feed(feed, stop_token, eos, seeds, info_.device); };
-      reset_feed();
+      start_state(n, next);
+      auto& gs = session->graph_step;
       try {
         // Warm run first (the step's temporaries then come from the graph's pool), rewound:
         // the capture writes the same cache column again and counts it once, from the same mirror
         // and feed (the warm run's choice moved both on).
-        graph = detail::capture_graph(
+        session->graph = detail::capture_graph(
             info_.device,
             [&] {
-              graph_logits = forward(graph_step, cache, true);
-              ops::choose_and_feed(graph_logits, options.do_sample ? &sampling : nullptr, graph_step, feed);
+              session->graph_logits = forward(gs, cache, true);
+              ops::choose_and_feed(session->graph_logits, options.do_sample ? &sampling : nullptr, gs, session->feed);
             },
             [&] {
               for (size_t l = 0; l < cache.layers.size(); ++l) cache.layers[l].filled = before[l];
-              graph_logits = Tensor();
-              ops::make_device_step(graph_step, info_.device);
-              reset_feed();
+              session->graph_logits = Tensor();
+              start_state(n, next);
             });
         stats_.graph = true;
       } catch (const std::exception& e) {
         for (size_t l = 0; l < cache.layers.size(); ++l) cache.layers[l].filled = before[l];
         graph_off = true;
-        graph_logits = Tensor();
+        session->graph_logits = Tensor();
         stats_.graph_note = std::string("decode steps ran directly: capture failed: ") + e.what();
       }
-      if (graph) {  // the capture recorded this step (and counted its cache column); run it
-        if (!download) download = detail::make_async_download(info_.device, size_t(2 * B) * sizeof(int64_t), 2);
+      if (session->graph) {  // the capture recorded this step (and counted its cache column); run it
+        if (!session->download)
+          session->download = detail::make_async_download(info_.device, size_t(2 * B) * sizeof(int64_t), 2);
         for (size_t l = 0; l < cache.layers.size(); ++l) cache.layers[l].filled = before[l];
         launch(n);
         continue;
@@ -267,9 +318,10 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
     logits = forward(step, cache, true);
   }
   if (in_flight > 0) {
-    download->drain();
+    session->download->drain();
     in_flight = 0;
   }
+  drop_on_throw.done = true;
 
   const int64_t L = int64_t(seqs[0].size());
   stats_.new_tokens = L - T;
