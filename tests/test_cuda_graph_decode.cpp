@@ -141,7 +141,7 @@ TEST(GraphDecodePipeline, StopsAndShortRunsEqualDirectLaunches) {
 // sampling values, stop tokens and decode-stage backends whose prompt + new tokens fit replays it
 // from its first decode step; any other call captures its own. Every call's tokens equal those of
 // direct launches on a second model.
-TEST(GraphDecodeSession, LaterCallsReplayTheGraphAndEqualDirectLaunches) {
+TEST(GraphKeptDecodeGraph, LaterCallsReplayTheGraphAndEqualDirectLaunches) {
   if (test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
   auto lm = load_gpu("qwen2_moe", "checkpoint_bf16", DType::kBF16, "grouped_mm");
   auto ref = load_gpu("qwen2_moe", "checkpoint_bf16", DType::kBF16, "grouped_mm");

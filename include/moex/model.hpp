@@ -186,7 +186,7 @@ struct ModelInfo {
 };
 
 namespace detail {
-struct DecodeSession;  // src/model/decode_session.hpp
+struct KeptDecodeGraph;  // src/model/kept_decode_graph.hpp
 }
 
 // A loaded model. Architectures derive from model::DecoderLM (src/model/architecture.hpp).
@@ -249,7 +249,7 @@ class CausalLM {
   const std::vector<int64_t>& default_eos_token_ids() const { return eos_; }
 
  protected:
-  CausalLM();  // out of line: the decode session is an incomplete type here
+  CausalLM();  // out of line: KeptDecodeGraph is an incomplete type here
   // For architectures: the backend currently chosen for experts under `key` ("" or a sub-config).
   const std::string& experts_backend(const std::string& key = "") const;
   // Called once by the architecture at load for every experts module it builds, so that a
@@ -287,7 +287,7 @@ class CausalLM {
   ExpertsImplementation impl_;
   GenerationStats stats_;
   std::vector<std::pair<std::string, const Experts*>> experts_modules_;
-  std::unique_ptr<detail::DecodeSession> decode_session_;
+  std::unique_ptr<detail::KeptDecodeGraph> kept_decode_;
 };
 
 // Loads config.json + safetensors from `dir` and builds the architecture named by model_type.

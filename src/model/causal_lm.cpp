@@ -10,7 +10,7 @@
 
 #include "io/strict_json.hpp"
 #include "model/architecture.hpp"
-#include "model/decode_session.hpp"
+#include "model/kept_decode_graph.hpp"
 #include "moex/checkpoint.hpp"
 #include "moex/error.hpp"
 #include "moex/experts.hpp"
@@ -67,7 +67,7 @@ LoadOptions make_load_options(const std::string& dtype, const std::string& devic
 CausalLM::CausalLM() = default;
 CausalLM::~CausalLM() = default;
 
-void CausalLM::release_decode_graph() { decode_session_.reset(); }
+void CausalLM::release_decode_graph() { kept_decode_.reset(); }
 
 const std::string& CausalLM::experts_backend(const std::string& key) const {
   auto it = impl_.find(key);

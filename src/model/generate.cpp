@@ -24,7 +24,7 @@
 #include <sstream>
 
 #include "core/device_hooks.hpp"
-#include "model/decode_session.hpp"
+#include "model/kept_decode_graph.hpp"
 #include "moex/experts.hpp"
 #include "model/architecture.hpp"
 #include "moex/error.hpp"
@@ -90,7 +90,7 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   }
 
   // CUDA graph of one decode step, kept between calls with the cache it addresses
-  // (detail::DecodeSession): a call with the same key whose prompt + new tokens fit that cache
+  // (detail::KeptDecodeGraph): a call with the same key whose prompt + new tokens fit that cache
   // replays it from its first decode step; otherwise the first decode step runs directly (it
   // warms plans and workspaces), the second is captured and replayed afterwards. It stays valid
   // while the cache keeps its tensors (the capacity planned above).
@@ -105,7 +105,7 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   // copy), and `rng` skips the ones the device used when the pipeline ends: the tokens equal those
   // of direct steps, which draw one seed per step.
   const bool want_graph = options.cuda_graph && info_.device.is_cuda();
-  std::unique_ptr<detail::DecodeSession>& session = decode_session_;
+  std::unique_ptr<detail::KeptDecodeGraph>& kept = kept_decode_;
   std::string key;
   if (want_graph) {
     std::ostringstream k;
@@ -123,20 +123,20 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
     }
     key = k.str();
   }
-  const bool reuse = want_graph && session && session->key == key && session->graph &&
-                     session->capacity() >= T + planned;
-  if (session && want_graph && !reuse) session.reset();  // frees its cache before a new one is made
-  if (want_graph && !session) session = std::make_unique<detail::DecodeSession>(key, B, info_.num_layers, T + planned);
-  // A call that ends by an exception drops the session (whatever it left half done).
+  const bool reuse = want_graph && kept && kept->key == key && kept->graph &&
+                     kept->capacity() >= T + planned;
+  if (kept && want_graph && !reuse) kept.reset();  // frees its cache before a new one is made
+  if (want_graph && !kept) kept = std::make_unique<detail::KeptDecodeGraph>(key, B, info_.num_layers, T + planned);
+  // A call that ends by an exception drops the kept graph (whatever it left half done).
   struct DropOnThrow {
-    std::unique_ptr<detail::DecodeSession>& s;
+    std::unique_ptr<detail::KeptDecodeGraph>& s;
     bool done = false;
     ~DropOnThrow() {
       if (!done) s.reset();
     }
-  } drop_on_throw{session};
+  } drop_on_throw{kept};
   std::optional<model::KVCache> local_cache;
-  model::KVCache& cache = want_graph ? session->cache : local_cache.emplace(B, info_.num_layers, T + planned);
+  model::KVCache& cache = want_graph ? kept->cache : local_cache.emplace(B, info_.num_layers, T + planned);
   for (auto& l : cache.layers) l.filled = 0;
 
   auto t0 = Clock::now();
@@ -162,29 +162,25 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   // However the loop ends, no replay may still write into the cache, the logits or the slots
   // when they are freed (declared after them: destroyed first).
   struct Drain {
-    std::unique_ptr<detail::DecodeSession>& s;
+    std::unique_ptr<detail::KeptDecodeGraph>& s;
     int64_t& in_flight;
     ~Drain() {
       if (s && s->download && in_flight > 0) try { s->download->drain(); } catch (...) {}
     }
-  } drain{session, in_flight};
+  } drain{kept, in_flight};
   auto filled = [&] {
     std::vector<int64_t> f;
     for (const auto& l : cache.layers) f.push_back(l.filled);
     return f;
   };
-  auto capacity = [&] {
-    int64_t c = INT64_MAX;
-    for (const auto& l : cache.layers) c = std::min(c, l.capacity());
-    return c;
-  };
+  auto capacity = [&] { return detail::cache_columns(cache); };
   // Enqueues the replay that feeds new token n (already in the mirror) and the download of the
   // token it chooses (n + 1) into slot (n + 1) % 2.
   auto launch = [&](int64_t n_fed) {
-    session->graph->replay();
+    kept->graph->replay();
     ++stats_.graph_replays;
     for (auto& l : cache.layers) ++l.filled;
-    session->download->enqueue(session->feed.out, int((n_fed + 1) % 2));
+    kept->download->enqueue(kept->feed.out, int((n_fed + 1) % 2));
     ++in_flight;
   };
   auto leave_pipeline = [&] {
@@ -195,7 +191,7 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   // token n (host ids `next`) and the feed (stop state, stop tokens, the seeds of the replays this
   // capacity allows, drawn from a copy of rng; a fixed count, since the graph bakes the buffer).
   auto start_state = [&](int64_t n, const std::vector<int64_t>& next) {
-    auto& gs = session->graph_step;
+    auto& gs = kept->graph_step;
     gs.batch = B;
     gs.tokens = 1;
     gs.past = T + n;
@@ -209,7 +205,7 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
       seeds.assign(size_t(std::max<int64_t>(capacity(), 1)), 0);
       for (int64_t i = 0; i < replays; ++i) seeds[size_t(i)] = ahead();
     }
-    ops::make_device_feed(session->feed, stop_token, eos, seeds, info_.device);
+    ops::make_device_feed(kept->feed, stop_token, eos, seeds, info_.device);
   };
   const int64_t max_new = options.max_new_tokens;
   for (int64_t n = 0; n < max_new; ++n) {
@@ -218,7 +214,7 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
       // Token n was chosen on the device by the replay that fed token n - 1. The replay that
       // feeds it goes first, when a token n + 1 will be wanted and the cache has its column.
       if (n + 1 < max_new && T + n + 1 <= capacity()) launch(n);
-      const auto* r = static_cast<const int64_t*>(session->download->wait(int(n % 2)));
+      const auto* r = static_cast<const int64_t*>(kept->download->wait(int(n % 2)));
       --in_flight;
       ++device_draws;
       next.assign(r, r + B);
@@ -265,51 +261,51 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
     if (n == 0 && reuse && fits) {
       // The graph of an earlier call: replayed from this first decode step.
       start_state(0, next);
-      if (!session->download)
-        session->download = detail::make_async_download(info_.device, size_t(2 * B) * sizeof(int64_t), 2);
+      if (!kept->download)
+        kept->download = detail::make_async_download(info_.device, size_t(2 * B) * sizeof(int64_t), 2);
       stats_.graph = true;
       stats_.graph_reused = true;
       launch(0);
       continue;
     }
-    if (session && session->graph) {
+    if (kept && kept->graph) {
       // Only a step the cache has no column for ends the pipeline here: the cache must grow, its
       // tensors move and the graph's addresses go stale. This step runs directly (and grows the
       // cache); the next one is captured again at the new capacity.
-      session->graph.reset();
-      session->graph_logits = Tensor();
+      kept->graph.reset();
+      kept->graph_logits = Tensor();
       ++stats_.graph_captures_dropped;
       leave_pipeline();
     }
     if (!graph_off && n >= 1 && fits) {
       const std::vector<int64_t> before = filled();
       start_state(n, next);
-      auto& gs = session->graph_step;
+      auto& gs = kept->graph_step;
       try {
         // Warm run first (the step's temporaries then come from the graph's pool), rewound:
         // the capture writes the same cache column again and counts it once, from the same mirror
         // and feed (the warm run's choice moved both on).
-        session->graph = detail::capture_graph(
+        kept->graph = detail::capture_graph(
             info_.device,
             [&] {
-              session->graph_logits = forward(gs, cache, true);
-              ops::choose_and_feed(session->graph_logits, options.do_sample ? &sampling : nullptr, gs, session->feed);
+              kept->graph_logits = forward(gs, cache, true);
+              ops::choose_and_feed(kept->graph_logits, options.do_sample ? &sampling : nullptr, gs, kept->feed);
             },
             [&] {
               for (size_t l = 0; l < cache.layers.size(); ++l) cache.layers[l].filled = before[l];
-              session->graph_logits = Tensor();
+              kept->graph_logits = Tensor();
               start_state(n, next);
             });
         stats_.graph = true;
       } catch (const std::exception& e) {
         for (size_t l = 0; l < cache.layers.size(); ++l) cache.layers[l].filled = before[l];
         graph_off = true;
-        session->graph_logits = Tensor();
+        kept->graph_logits = Tensor();
         stats_.graph_note = std::string("decode steps ran directly: capture failed: ") + e.what();
       }
-      if (session->graph) {  // the capture recorded this step (and counted its cache column); run it
-        if (!session->download)
-          session->download = detail::make_async_download(info_.device, size_t(2 * B) * sizeof(int64_t), 2);
+      if (kept->graph) {  // the capture recorded this step (and counted its cache column); run it
+        if (!kept->download)
+          kept->download = detail::make_async_download(info_.device, size_t(2 * B) * sizeof(int64_t), 2);
         for (size_t l = 0; l < cache.layers.size(); ++l) cache.layers[l].filled = before[l];
         launch(n);
         continue;
@@ -318,7 +314,7 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
     logits = forward(step, cache, true);
   }
   if (in_flight > 0) {
-    session->download->drain();
+    kept->download->drain();
     in_flight = 0;
   }
   drop_on_throw.done = true;

@@ -558,21 +558,19 @@ void upload_i64(Tensor& t, const std::vector<int64_t>& v, Device device) {
                                   moex::cuda::current_stream()));
 }
 
-// The greedy choice runs split over each row (argmax_split_kernel, workspace from `work`: it sets
-// p.partial / p.row_ticket and returns what must live until the launch is enqueued), a draw one
-// block per row.
-template <class Work>
-void launch_choice(ChooseParams& p, int64_t B, cudaStream_t s, Work&& work) {
+// The greedy choice runs split over each row (argmax_split_kernel: the caller has set
+// p.partial and p.row_ticket, argmax_splits(V) partials per row and the tickets at zero), a draw
+// one block per row.
+void launch_choice(ChooseParams& p, int64_t B, cudaStream_t s) {
   p.rows = B;
   if (p.sample) {
     moex::cuda::launch_pdl_here(choose_tokens_kernel, dim3(unsigned(B)), dim3(kBlock), 0, s, p);
     MOEX_CUDA_CHECK_LAUNCH(choose_tokens_kernel);
     return;
   }
-  const int splits = argmax_splits(p.V);
   if (B > 65535) throw Unsupported("choose_tokens: " + std::to_string(B) + " rows (the greedy grid takes 65,535)");
-  const Tensor held = work(splits);
-  moex::cuda::launch_pdl_here(argmax_split_kernel, dim3(unsigned(splits), unsigned(B)), dim3(kArgBlock), 0, s, p);
+  moex::cuda::launch_pdl_here(argmax_split_kernel, dim3(unsigned(argmax_splits(p.V)), unsigned(B)), dim3(kArgBlock), 0,
+                              s, p);
   MOEX_CUDA_CHECK_LAUNCH(argmax_split_kernel);
 }
 
@@ -592,14 +590,15 @@ std::vector<int64_t> choose_tokens(const Tensor& logits, const SamplingSpec* sam
   p.out = out.data<int64_t>();
   p.nonfinite = nonfinite ? p.out + B : nullptr;
   cudaStream_t s = moex::cuda::current_stream();
-  launch_choice(p, B, s, [&](int splits) {
-    // Partials and the row tickets of the split argmax, the tickets zeroed.
-    Tensor work = Tensor::empty({B * (3 * splits + 1)}, DType::kI64, dev);
+  Tensor work;  // the split argmax's partials and row tickets (zeroed); lives until the launch is enqueued
+  if (!sampling) {
+    const int64_t splits = argmax_splits(p.V);
+    work = Tensor::empty({B * (3 * splits + 1)}, DType::kI64, dev);
     MOEX_CUDA_CHECK(cudaMemsetAsync(work.data<int64_t>() + B * 3 * splits, 0, size_t(B) * sizeof(int64_t), s));
     p.partial = reinterpret_cast<Partial*>(work.raw());
     p.row_ticket = reinterpret_cast<unsigned long long*>(work.data<int64_t>() + B * 3 * splits);
-    return work;
-  });
+  }
+  launch_choice(p, B, s);
   // The step's one download.
   std::vector<int64_t> all(size_t(nonfinite ? 2 * B : B));
   MOEX_CUDA_CHECK(cudaMemcpyAsync(all.data(), out.raw(), all.size() * sizeof(int64_t), cudaMemcpyDeviceToHost, s));
@@ -651,13 +650,10 @@ void choose_and_feed(const Tensor& logits, const SamplingSpec* sampling, Step& s
   p.n_eos = feed.eos.defined() ? feed.eos.numel() : 0;
   p.seeds = sampling ? reinterpret_cast<const unsigned long long*>(feed.seeds.raw()) : nullptr;
   p.n_seeds = sampling ? feed.seeds.numel() : 0;
+  p.partial = reinterpret_cast<Partial*>(feed.work.raw());  // kArgMaxSplits partials per row
+  p.row_ticket = reinterpret_cast<unsigned long long*>(feed.state.data<int64_t>() + 2 + B);
   moex::cuda::DeviceGuard g(dev.index);
-  launch_choice(p, B, moex::cuda::current_stream(), [&](int splits) {
-    p.partial = reinterpret_cast<Partial*>(feed.work.raw());
-    p.row_ticket = reinterpret_cast<unsigned long long*>(feed.state.data<int64_t>() + 2 + B);
-    (void)splits;  // the feed's work holds kArgMaxSplits per row
-    return Tensor();
-  });
+  launch_choice(p, B, moex::cuda::current_stream());
 }
 
 }  // namespace moex::ops::cuda

@@ -22,8 +22,16 @@
 
 namespace moex::detail {
 
-struct DecodeSession {
-  DecodeSession(std::string k, int64_t batch, int64_t layers, int64_t capacity)
+// Columns every layer of `cache` holds (0 before a forward has made its tensors).
+inline int64_t cache_columns(const model::KVCache& cache) {
+  if (cache.layers.empty()) return 0;
+  int64_t c = cache.layers.front().capacity();
+  for (const auto& l : cache.layers) c = std::min(c, l.capacity());
+  return c;
+}
+
+struct KeptDecodeGraph {
+  KeptDecodeGraph(std::string k, int64_t batch, int64_t layers, int64_t capacity)
       : key(std::move(k)), cache(batch, layers, capacity), graph_step(batch, 1, 0) {}
   std::string key;
   model::KVCache cache;
@@ -32,12 +40,7 @@ struct DecodeSession {
   Tensor graph_logits;
   ops::DeviceFeed feed;
   std::unique_ptr<AsyncDownload> download;
-  // Columns every layer's cache holds (its tensors exist once a forward has run).
-  int64_t capacity() const {
-    int64_t c = -1;
-    for (const auto& l : cache.layers) c = c < 0 ? l.capacity() : std::min(c, l.capacity());
-    return c < 0 ? 0 : c;
-  }
+  int64_t capacity() const { return cache_columns(cache); }
 };
 
 }  // namespace moex::detail
