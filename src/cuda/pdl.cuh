@@ -10,7 +10,9 @@
 //
 // Rules that keep it correct:
 // - A kernel launched with launch_pdl reads nothing another kernel writes, and writes nothing,
-//   before pdl_wait() (weights, biases and shapes only).
+//   before pdl_wait() (weights, biases and shapes only), with one exception: what is written two
+//   or more launches before it on its stream (the step's rope positions: the upload or the last
+//   step's feed, then at least the embedding) is complete when it starts, by the next rule.
 // - pdl_trigger() (let the next PDL kernel be scheduled) may come anywhere in a kernel; kernels
 //   here call it after their own pdl_wait(), so a dependent that passes its wait knows every
 //   earlier kernel of the stream has completed, not only its immediate predecessor.

@@ -15,6 +15,7 @@
 // rounding boundary (about once in 10^8 values); every later step is the host's float32 / act
 // rounding sequence, with products and sums kept apart (no FMA contraction).
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/pdl.cuh"
@@ -29,6 +30,7 @@ using moex::cuda::from_float;
 using moex::cuda::to_float;
 
 constexpr int kMaxPairs = 256;  // rotary_dim up to 512
+constexpr int64_t kRopeSpreadRows = 8;  // rows up to which a row's heads spread over blocks
 
 // Up to two tensors of the same rows (q and k) in one launch: blockIdx.y picks one.
 struct RopeTarget {
@@ -55,35 +57,43 @@ struct RopeParams {
   int64_t capacity;
   int tokens;
   const int32_t* step;  // step[0]: past
+  int head_blocks;      // blocks per tensor of a row (blockIdx.y = tensor * head_blocks + block)
 };
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p) {
-  moex::cuda::pdl_enter();
   const int64_t row = blockIdx.x;
-  const int64_t cache_row = p.k_cache ? (row / p.tokens) * p.capacity + p.step[0] + row % p.tokens : 0;
-  if (blockIdx.y == 2) {  // v into its cache row
-    const T* src = static_cast<const T*>(p.v) + row * p.v_width;
-    T* dst = static_cast<T*>(p.v_cache) + cache_row * p.v_width;
-    for (int64_t e = threadIdx.y * blockDim.x + threadIdx.x; e < p.v_width; e += blockDim.x * blockDim.y)
-      dst[e] = src[e];
-    return;
-  }
-  T* cached = blockIdx.y == 1 && p.k_cache ? static_cast<T*>(p.k_cache) + cache_row * p.target[1].width : nullptr;
-  T* x = static_cast<T*>(p.target[blockIdx.y].x);
-  const int64_t width = p.target[blockIdx.y].width;
-  const int heads = p.target[blockIdx.y].heads;
+  const int tensor = int(blockIdx.y) / p.head_blocks, hb = int(blockIdx.y) % p.head_blocks;
   const int i = threadIdx.x;
-  const bool active = i < p.half;
+  const bool active = i < p.half && tensor < 2;
+  // cos / sin before the PDL wait: the positions are written by the step's upload or the previous
+  // step's feed kernel, always two or more launches before a rope (the embedding comes between),
+  // so they are complete once this kernel may start (pdl.cuh), and the double-precision sin / cos
+  // overlap the GEMV before it.
   float c = 0.0f, s = 0.0f;
   if (active) {
     const float f = __fmul_rn(p.inv_freq[i], float(p.positions[row]));
     c = round_to(__fmul_rn(float(cos(double(f))), p.scale), p.act);
     s = round_to(__fmul_rn(float(sin(double(f))), p.scale), p.act);
   }
+  moex::cuda::pdl_enter();
+  const int64_t cache_row = p.k_cache ? (row / p.tokens) * p.capacity + p.step[0] + row % p.tokens : 0;
+  if (tensor == 2) {  // v into its cache row, a slice per block
+    const T* src = static_cast<const T*>(p.v) + row * p.v_width;
+    T* dst = static_cast<T*>(p.v_cache) + cache_row * p.v_width;
+    const int64_t per = (p.v_width + p.head_blocks - 1) / p.head_blocks;
+    const int64_t e1 = std::min<int64_t>(p.v_width, (hb + 1) * per);
+    for (int64_t e = hb * per + threadIdx.y * blockDim.x + threadIdx.x; e < e1; e += blockDim.x * blockDim.y)
+      dst[e] = src[e];
+    return;
+  }
+  T* cached = tensor == 1 && p.k_cache ? static_cast<T*>(p.k_cache) + cache_row * p.target[1].width : nullptr;
+  T* x = static_cast<T*>(p.target[tensor].x);
+  const int64_t width = p.target[tensor].width;
+  const int heads = p.target[tensor].heads;
   // Every thread runs the same number of iterations: the interleaved layout needs a barrier
   // between reading a head and writing it back (slot i receives x[2i], read by another thread).
-  for (int h0 = 0; h0 < heads; h0 += blockDim.y) {
+  for (int h0 = hb * int(blockDim.y); h0 < heads; h0 += int(blockDim.y) * p.head_blocks) {
     const int h = h0 + threadIdx.y;
     T* v = x + row * width + int64_t(h) * p.head_stride + p.offset;
     const bool on = active && h < heads;
@@ -152,13 +162,23 @@ void launch_rope(Tensor& a, int64_t heads_a, Tensor* b, int64_t heads_b, int64_t
     p.step = device_step_data(step, dev, "rope_kv_append");
   }
 
-  // x: the pairs, rounded up to whole warps; y: heads side by side up to kThreads threads.
+  // x: the pairs, rounded up to whole warps; y: heads side by side up to kThreads threads. Decode
+  // rows spread a row's heads over blocks (one head per thread row): a block walking the heads in
+  // turn waited for one L2 round trip per head, ~4 us per layer of a batch-1 step on the H200
+  // (CUPTI trace, docs/gpu_model.md). Prompts keep one block per row and tensor, which computes
+  // each cos / sin once for all heads.
   const int tx = int((half + 31) / 32 * 32);
   const int ty = int(std::min<int64_t>(heads, std::max(1, kThreads / tx)));
+  static const bool spread = [] {  // MOEX_ROPE_SPREAD=0: one block per row and tensor (measuring)
+    const char* e = std::getenv("MOEX_ROPE_SPREAD");
+    return !(e && std::string(e) == "0");
+  }();
+  p.head_blocks = spread && rows <= kRopeSpreadRows ? int((heads + ty - 1) / ty) : 1;
+  const unsigned tensors = kv ? 3u : b ? 2u : 1u;
   moex::cuda::DeviceGuard g(dev.index);
   with_float_type(a.dtype(), "rope", [&](auto t) {
     using T = decltype(t);
-    moex::cuda::launch_pdl_here(rope_kernel<T>, dim3(unsigned(rows), kv ? 3u : b ? 2u : 1u),
+    moex::cuda::launch_pdl_here(rope_kernel<T>, dim3(unsigned(rows), tensors * unsigned(p.head_blocks)),
                                 dim3(unsigned(tx), unsigned(ty)), 0, moex::cuda::current_stream(), p);
   });
   MOEX_CUDA_CHECK_LAUNCH(rope_kernel);
