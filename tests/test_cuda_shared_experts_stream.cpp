@@ -3,6 +3,7 @@
 // streams safe (frees held until the join); and the choice itself, which the host never takes.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -102,7 +103,7 @@ INSTANTIATE_TEST_SUITE_P(SharedExpertModels, SharedExpertsStreamGpu, ::testing::
 
 #ifdef MOEX_WITH_CUDA
 // While a branch is open a freed block is not handed out again (the other stream may still read
-// it); after the join it is.
+// it); after the join it is. Persistent grids launched on the side are capped, elsewhere not.
 TEST(SharedExpertsStreamAllocator, FreesAreHeldUntilTheJoin) {
   if (test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
   const size_t bytes = size_t(3) << 20;
@@ -111,12 +112,15 @@ TEST(SharedExpertsStreamAllocator, FreesAreHeldUntilTheJoin) {
   void* held = nullptr;
   {
     auto branch = detail::open_stream_branch(Device::cuda(0));
+    EXPECT_EQ(cuda::side_blocks_per_sm(), 0) << "persistent grids are capped on the side only";
     {
       detail::StreamBranch::Side side(*branch);
       held = cuda::cache_alloc(bytes, 0);
       EXPECT_EQ(cuda::current_stream(), cuda::side_stream());
+      if (std::getenv("MOEX_SIDE_BLOCKS_PER_SM") == nullptr) EXPECT_GT(cuda::side_blocks_per_sm(), 0);
     }
     EXPECT_NE(cuda::current_stream(), cuda::side_stream());
+    EXPECT_EQ(cuda::side_blocks_per_sm(), 0);
     cuda::cache_free(held, 0);
     void* other = cuda::cache_alloc(bytes, 0);
     EXPECT_NE(other, held);

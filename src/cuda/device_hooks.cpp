@@ -192,10 +192,12 @@ class CudaStreamBranch final : public StreamBranch {
   void enter_side() override {
     moex::cuda::DeviceGuard guard(device_);
     moex::cuda::set_current_stream(side_);
+    moex::cuda::set_on_side(true);
   }
   void leave_side() override {
     moex::cuda::DeviceGuard guard(device_);
     moex::cuda::set_current_stream(main_);
+    moex::cuda::set_on_side(false);
   }
 
  private:

@@ -84,6 +84,7 @@ DeviceGuard::~DeviceGuard() {
 
 namespace {
 constexpr int kMaxDevices = 64;
+constexpr int kSideBlocksPerSm = 2;
 thread_local cudaStream_t t_streams[kMaxDevices] = {};
 thread_local bool t_stream_set[kMaxDevices] = {};
 }  // namespace
@@ -115,10 +116,7 @@ void set_current_stream(cudaStream_t s) {
 void synchronize() { MOEX_CUDA_CHECK(cudaStreamSynchronize(current_stream())); }
 
 bool stream_priorities() {
-  static const bool on = [] {
-    const char* e = std::getenv("MOEX_STREAM_PRIORITIES");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = env_int("MOEX_STREAM_PRIORITIES", 1) != 0;
   return on;
 }
 
@@ -135,6 +133,27 @@ cudaStream_t side_stream() {
     MOEX_CUDA_CHECK(cudaStreamCreateWithPriority(&side[d], cudaStreamNonBlocking, least));
   }
   return side[d];
+}
+
+int env_int(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return fallback;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  return *end == '\0' ? int(v) : fallback;
+}
+
+namespace {
+thread_local bool t_on_side = false;
+}  // namespace
+
+void set_on_side(bool on) { t_on_side = on; }
+
+int side_blocks_per_sm() {
+  // Measured on the H200 (docs/gpu_model.md): the shared expert's gate / up GEMV on the side
+  // stream, beside the router's top-k and the routed experts' GEMVs of a batch-1 decode step.
+  static const int cap = env_int("MOEX_SIDE_BLOCKS_PER_SM", kSideBlocksPerSm);
+  return t_on_side ? cap : 0;
 }
 
 // ---------------------------------------------------------------- caching allocator
@@ -499,10 +518,7 @@ Ceilings measure_ceilings(DType dtype) {
 }
 
 bool pdl_enabled(int device) {
-  static const bool allowed = [] {
-    const char* v = std::getenv("MOEX_PDL");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool allowed = env_int("MOEX_PDL", 1) != 0;
   return allowed && device_info(device).major >= 9;
 }
 

@@ -81,6 +81,17 @@ cudaStream_t side_stream();
 // Whether current_stream() is made at the device's greatest priority (side_stream() at its least);
 // MOEX_STREAM_PRIORITIES=0 makes both the default, for measuring.
 bool stream_priorities();
+// Work on a stream branch's side (device_hooks.cpp enters and leaves it) runs beside another
+// chain of kernels. A kernel that sizes a persistent grid (a few resident blocks per SM, each
+// looping over its share: the one-row GEMV) takes at most side_blocks_per_sm() blocks per SM
+// there, so that the other chain's next kernel finds room to become resident instead of waiting
+// for the persistent grid to retire. 0: no cap (outside a side). MOEX_SIDE_BLOCKS_PER_SM sets the
+// cap, for measuring.
+int side_blocks_per_sm();
+void set_on_side(bool on);  // this thread's launches are on a branch's side
+// A measuring switch: the integer value of the environment variable `name`, or `fallback` when
+// it is unset or not a number. Read once per name by the caller (static).
+int env_int(const char* name, int fallback);
 
 // ---- memory ----
 // Caching allocator: 256-byte aligned device memory; the release returns the block to the cache.

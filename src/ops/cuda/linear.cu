@@ -17,7 +17,6 @@
 // (cublaslt.hpp, shared with linear_per_group.cu).
 #include <cublasLt.h>
 
-#include <cstdlib>
 #include <string>
 
 #include <map>
@@ -221,10 +220,7 @@ std::vector<Tensor> linears(const Tensor& x, std::span<const LinearOf> ls, DType
 std::vector<Tensor> norm_linears(Tensor& h, const Tensor* delta, const NormOf& norm, std::span<const LinearOf> ls,
                                  DType act, Tensor* x_out) {
   moex::cuda::DeviceGuard guard(h.device().index);
-  static const bool enabled = [] {
-    const char* e = std::getenv("MOEX_NORM_GEMV");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool enabled = moex::cuda::env_int("MOEX_NORM_GEMV", 1) != 0;  // 0: measuring
   std::vector<const Tensor*> ws, bs;
   if (enabled && norm_gemv_serves(h, delta, *norm.weight, act) && one_gemv_launch(h, ls, act, ws, bs))
     return norm_linear_gemv_segments(h, delta, *norm.weight, norm.eps, norm.style, ws, bs, x_out);

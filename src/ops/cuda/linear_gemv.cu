@@ -23,7 +23,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <map>
 #include <span>
 #include <string>
@@ -258,12 +257,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 // count, 0 = one block per column group.
 template <class Kernel>
 int64_t gemv_grid(Kernel kernel, int64_t groups, int64_t rows, int device) {
-  static const int per_sm_env = [] {
-    const char* e = std::getenv("MOEX_GEMV_BLOCKS_PER_SM");
-    return e ? std::atoi(e) : -1;
-  }();
-  const int per_sm = per_sm_env >= 0 ? per_sm_env : rows == 1 ? kGemvBlocksPerSm : 0;
+  static const int per_sm_env = moex::cuda::env_int("MOEX_GEMV_BLOCKS_PER_SM", -1);
+  int per_sm = per_sm_env >= 0 ? per_sm_env : rows == 1 ? kGemvBlocksPerSm : 0;
   if (per_sm == 0) return groups;
+  if (const int side = moex::cuda::side_blocks_per_sm(); side > 0) per_sm = std::min(per_sm, side);
   static thread_local std::map<std::pair<const void*, int>, int> fits;
   int& fit = fits[{reinterpret_cast<const void*>(kernel), device}];
   if (fit == 0) {
@@ -388,12 +385,12 @@ std::vector<Tensor> norm_linear_gemv_segments(Tensor& h, const Tensor* delta, co
     na.act = code;
     na.inner = style == RmsNormStyle::kLlama ? code : moex::cuda::kCodeF32;
     na.x_out = x_out ? static_cast<T*>(x_out->raw()) : nullptr;
-    na.h_out = delta ? static_cast<T*>(h_new.raw()) : nullptr;
+    na.h_out = h_new.defined() ? static_cast<T*>(h_new.raw()) : nullptr;
     launch_segments<T>(h, weights, biases, ys, s, &na);
   };
   if (act == DType::kBF16) run(__nv_bfloat16{});
   else run(__half{});
-  if (delta) h = h_new;
+  if (h_new.defined()) h = h_new;
   return ys;
 }
 

@@ -15,7 +15,6 @@
 // rounding boundary (about once in 10^8 values); every later step is the host's float32 / act
 // rounding sequence, with products and sums kept apart (no FMA contraction).
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "cuda/pdl.cuh"
@@ -169,10 +168,8 @@ void launch_rope(Tensor& a, int64_t heads_a, Tensor* b, int64_t heads_b, int64_t
   // each cos / sin once for all heads.
   const int tx = int((half + 31) / 32 * 32);
   const int ty = int(std::min<int64_t>(heads, std::max(1, kThreads / tx)));
-  static const bool spread = [] {  // MOEX_ROPE_SPREAD=0: one block per row and tensor (measuring)
-    const char* e = std::getenv("MOEX_ROPE_SPREAD");
-    return !(e && std::string(e) == "0");
-  }();
+  // MOEX_ROPE_SPREAD=0: one block per row and tensor (measuring).
+  static const bool spread = moex::cuda::env_int("MOEX_ROPE_SPREAD", 1) != 0;
   p.head_blocks = spread && rows <= kRopeSpreadRows ? int((heads + ty - 1) / ty) : 1;
   const unsigned tensors = kv ? 3u : b ? 2u : 1u;
   moex::cuda::DeviceGuard g(dev.index);
