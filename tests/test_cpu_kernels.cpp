@@ -278,6 +278,17 @@ TEST_P(KernelsOfPath, EveryRowCountMatchesDoubleReference) {
 INSTANTIATE_TEST_SUITE_P(Cpu, KernelsOfPath, ::testing::ValuesIn(cpu::kAllKernelPaths),
                          path_param_name);
 
+// The vendor read from cpuid agrees with the compiler's own check, and picks the block-scaled
+// kernel's weight-row pairing measured for it (docs/cpu.md).
+TEST(CpuEngine, VendorAndBlockScaledPairing) {
+  EXPECT_EQ(cpu::detect_cpu_features().intel, bool(__builtin_cpu_is("intel")));
+  cpu::CpuFeatures f;
+  f.intel = true;
+  EXPECT_EQ(cpu::block_scaled_pair_from_rows(f), 1);
+  f.intel = false;
+  EXPECT_EQ(cpu::block_scaled_pair_from_rows(f), 3);
+}
+
 // The kernel choice is a pure function of (weight dtype, CPU features, forced path): checked here
 // on fixed feature sets, so the AMX and AVX-512 choices are tested on any machine.
 TEST(CpuEngine, PlanOnFixedFeatureSets) {

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <fstream>
 #include <string>
@@ -255,35 +256,49 @@ TEST(QuantExpertsCpu, KernelVariantsMatchDoubleSums) {
         {"portable", k::gemm_block_scaled_portable},
         {"avx512", k::gemm_block_scaled_avx512},
         {"avx512bf16", k::gemm_block_scaled_avx512bf16}};
+    const auto& f = moex::cpu::detect_cpu_features();
     for (const auto& [name, fn] : variants) {
-      const auto& f = moex::cpu::detect_cpu_features();
       if ((name == "avx512" && !f.avx512) || (name == "avx512bf16" && !f.avx512bf16)) continue;
       a.xb = name == "avx512bf16" ? xb.data() : nullptr;
-      std::vector<float> y(static_cast<size_t>(M * N), -7.f);
-      a.y = y.data();
-      fn(a);
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t n = 0; n < N; ++n) {
-          if (n < 3 || n >= 30) {
-            EXPECT_EQ(y[size_t(m * N + n)], -7.f) << "wrote outside its rows";
-            continue;
-          }
-          // Activation columns are stored evens-then-odds per 32 block for FP4.
-          double want = 0, mag = 0;  // float32 error scales with the sum of |terms|
-          for (int64_t c = 0; c < K; ++c) {
-            const int64_t r = c % 32, pos = is_fp4 ? c - r + (r % 2 ? 16 + r / 2 : r / 2) : c;
-            const double wv = is_fp4 ? double(quant::fp4_weight(w.data() + n * row_bytes, c)) *
-                                           e8m0_to_float(scale[size_t(n * scols + c / 32)])
-                                     : double(f8e4m3_to_float(w[size_t(n * row_bytes + c)])) *
-                                           e8m0_to_float(scale[size_t(c / 128)]);
-            const int64_t xr = rows[size_t(m)];
-            const double term = wv * xq[size_t(xr * nb * 128 + pos)] * xs[size_t(xr * nb + c / 128)];
-            want += term;
-            mag += std::fabs(term);
-          }
-          EXPECT_NEAR(y[size_t(m * N + n)], want, 1e-6 * mag)
-              << name << (is_fp4 ? " fp4" : " fp8") << " m=" << m << " n=" << n;
+      // Activation-row counts on each side of the weight-row pairing's threshold, under both
+      // thresholds (a CPU's backends run one of them).
+      for (const int mm : {1, 2, 3, int(M)}) {
+        std::vector<float> from_one;
+        for (const int pair_from : {1, 3}) {
+          a.m = mm;
+          a.pair_from_rows = pair_from;
+          std::vector<float> y(static_cast<size_t>(M * N), -7.f);
+          a.y = y.data();
+          fn(a);
+          // The pairing changes which loads are shared, never a sum: the same bits.
+          if (pair_from == 1) from_one = y;
+          else EXPECT_EQ(std::memcmp(from_one.data(), y.data(), sizeof(float) * y.size()), 0)
+              << name << " m=" << mm << ": pairs from 1 and from 3 rows differ";
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n) {
+              if (n < 3 || n >= 30 || m >= mm) {
+                EXPECT_EQ(y[size_t(m * N + n)], -7.f) << "wrote outside its rows";
+                continue;
+              }
+              // Activation columns are stored evens-then-odds per 32 block for FP4.
+              double want = 0, mag = 0;  // float32 error scales with the sum of |terms|
+              for (int64_t c = 0; c < K; ++c) {
+                const int64_t r = c % 32, pos = is_fp4 ? c - r + (r % 2 ? 16 + r / 2 : r / 2) : c;
+                const double wv = is_fp4 ? double(quant::fp4_weight(w.data() + n * row_bytes, c)) *
+                                               e8m0_to_float(scale[size_t(n * scols + c / 32)])
+                                         : double(f8e4m3_to_float(w[size_t(n * row_bytes + c)])) *
+                                               e8m0_to_float(scale[size_t(c / 128)]);
+                const int64_t xr = rows[size_t(m)];
+                const double term = wv * xq[size_t(xr * nb * 128 + pos)] * xs[size_t(xr * nb + c / 128)];
+                want += term;
+                mag += std::fabs(term);
+              }
+              EXPECT_NEAR(y[size_t(m * N + n)], want, 1e-6 * mag)
+                  << name << (is_fp4 ? " fp4" : " fp8") << " m=" << m << " of " << mm << " n=" << n
+                  << " pairs from " << pair_from;
+            }
         }
+      }
     }
   }
 }

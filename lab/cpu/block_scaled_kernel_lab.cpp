@@ -8,7 +8,8 @@
 //       -Wl,-rpath,build -o build/block_scaled_kernel_lab && OMP_NUM_THREADS=2 build/block_scaled_kernel_lab
 //
 // HUGE=1 puts the codes on 2 MiB pages (THP via madvise) to see what TLB misses cost. The prefetch
-// distance and the weight-row pairing of the kernel were chosen with this lab (docs/cpu.md).
+// distance and the weight-row pairing of the kernel were chosen with this lab (docs/cpu.md);
+// PAIR_FROM=n sets the pairing threshold (default: the library's for this CPU).
 #include <omp.h>
 #include <sys/mman.h>
 
@@ -84,6 +85,13 @@ Problem make(bool fp4) {
   return p;
 }
 
+// The library's choice for this CPU, or PAIR_FROM=n (pairs of weight rows from n activation rows).
+int pair_from_rows() {
+  static const int n = std::getenv("PAIR_FROM") ? std::atoi(std::getenv("PAIR_FROM"))
+                                                 : moex::cpu::block_scaled_pair_from_rows(moex::cpu::detect_cpu_features());
+  return n;
+}
+
 void run(const Problem& p, k::BlockScaledFn fn, int m, std::vector<float>& y) {
   const bool bf16 = fn == k::gemm_block_scaled_avx512bf16;
   const int64_t scols = p.fp4 ? K / 32 : nb, srows = p.fp4 ? N : N / 128;
@@ -99,6 +107,7 @@ void run(const Problem& p, k::BlockScaledFn fn, int m, std::vector<float>& y) {
     a.xq = bf16 ? p.xq_bf16src.data() : p.xq_float.data(), a.xb = bf16 ? p.xb.data() : nullptr;
     a.xs = p.xs.data(), a.x_ld = K, a.nb = nb, a.m = m, a.n0 = n0, a.n1 = n0 + 64;
     a.y = y.data() + e * N * m, a.ldy = N;
+    a.pair_from_rows = pair_from_rows();
     fn(a);
   }
 }

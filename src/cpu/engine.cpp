@@ -20,6 +20,8 @@ uint64_t xgetbv0() {
 CpuFeatures read_cpu_features() {
   CpuFeatures f;
   unsigned a, b, c, d;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return f;
+  f.intel = b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // "Genu" "ineI" "ntel"
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   const bool fma = c & (1u << 12), osxsave = c & (1u << 27);
   if (!osxsave) return f;
@@ -71,6 +73,14 @@ KernelPath best_kernel_path(const CpuFeatures& f) {
     if (kernel_path_supported(p, f)) return p;
   return KernelPath::kPortable;
 }
+
+// Measured with lab/cpu's block_scaled_kernel_lab (FP8, 2 threads): on 2 cores of a Zen 5 EPYC
+// one weight stream per thread was faster at 1 - 2 activation rows (34 / 28 GB/s against 30 /
+// 26 with pairs), so pairs start at 3 there; on 2 cores of an Intel Xeon (AVX512-BF16 + AMX, ~33
+// GB/s DRAM read) one stream per thread stayed at ~21 GB/s and pairs reached ~25 at 1 row, and
+// `moex bench experts --dtype fp8` (DeepSeek-V3-sized experts, T = 1) went from 20.7 to 17.3 ms
+// (53 -> 62 % of the floor), so pairs start at 1 on Intel. docs/cpu.md keeps both runs.
+int block_scaled_pair_from_rows(const CpuFeatures& f) { return f.intel ? 1 : 3; }
 
 bool kernel_path_supported(KernelPath p) { return kernel_path_supported(p, detect_cpu_features()); }
 KernelPath best_kernel_path() { return best_kernel_path(detect_cpu_features()); }

@@ -50,10 +50,13 @@ inline KernelPath parse_kernel_path(std::string_view name) { return parse_cpu_ke
 // tile data). Each flag implies the ones before it.
 struct CpuFeatures {
   bool avx2_fma = false, avx512 = false, avx512bf16 = false, amx = false;
+  bool intel = false;  // vendor "GenuineIntel" (a measured kernel choice differs by vendor)
 };
 // This machine's, read once per process (the AMX permission request is the only side effect).
 const CpuFeatures& detect_cpu_features();
 bool kernel_path_supported(KernelPath p, const CpuFeatures& f);
+// The block-scaled kernel's kernels::BlockScaledArgs::pair_from_rows for these features.
+int block_scaled_pair_from_rows(const CpuFeatures& f);
 // Preference order amx > avx512bf16 > avx512 > avx2 > portable.
 KernelPath best_kernel_path(const CpuFeatures& f);
 // The same two on this machine.

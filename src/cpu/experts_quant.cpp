@@ -36,6 +36,7 @@ kernels::BlockScaledArgs matrix_args(const ExpertsSpec& s, const Tensor& W, cons
             size_t(e * S.size(1) * S.size(2)) * dtype_size(S.dtype());
   a.fused_rows = fused_rows;
   a.bn = s.quant.block_n;
+  a.pair_from_rows = block_scaled_pair_from_rows(detect_cpu_features());
   return a;
 }
 

@@ -206,6 +206,7 @@ Tensor run_bf16(const Tensor& x, const Tensor& codes, const Tensor& scale, const
   a.scale_cols = quant::ceil_div(K, q.block_k);
   a.fused_rows = N;
   a.bn = q.block_n;
+  a.pair_from_rows = block_scaled_pair_from_rows(detect_cpu_features());
   a.x_ld = X.ld;
   a.nb = X.nb;
   float* Y = y.data<float>();

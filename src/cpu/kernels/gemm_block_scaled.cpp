@@ -311,7 +311,7 @@ inline void fp4_block_scales(const uint8_t* sp, int64_t subs, __m512& s0, __m512
 // 4 activation rows up, two weight rows share each activation load: with one, the activation
 // rows (2 bytes per column, re-read from L2 for every weight row once several rows no longer fit
 // L1) outweigh the codes (FP8, 4 / 8 rows: 22 / 15 GB/s with two, 17 / 10 with one). At 1 - 2
-// rows it depends on the machine (pair_from_rows).
+// rows it depends on the machine (BlockScaledArgs::pair_from_rows).
 // Per 128-wide block and row: FP8, one float (block scale x activation scale) times the block's
 // dot; FP4, the 1 x 32 scales per lane group first (fp4_block_scales), then the activation scale.
 template <bool kFp4, int NR>
@@ -398,22 +398,10 @@ void bf16_rows(const BlockScaledArgs& a, int64_t n) {
   }
 }
 
-// The fewest activation rows at which two weight rows share each activation load. Measured with
-// lab/cpu's block_scaled_kernel_lab (FP8, 2 threads): on 2 cores of a Zen 5 EPYC one stream per
-// thread was faster at 1 - 2 rows (34 / 28 GB/s against 30 / 26), so pairs start at 3 there; on 2
-// cores of an Intel Xeon (AVX512-BF16 + AMX, ~33 GB/s DRAM read) one stream per thread stayed at
-// ~21 GB/s and two reached ~25 at 1 row, and `moex bench experts --dtype fp8` (DeepSeek-V3-sized
-// experts, T = 1) went from 20.7 to 17.3 ms (53 -> 62 % of the floor), so pairs start at 1 on
-// Intel. docs/cpu.md keeps both runs.
-int pair_from_rows() {
-  static const int rows = __builtin_cpu_is("intel") ? 1 : 3;
-  return rows;
-}
-
 template <bool kFp4>
 void block_scaled_bf16(const BlockScaledArgs& a) {
   int64_t n = a.n0;
-  if (a.m >= pair_from_rows())
+  if (a.m >= a.pair_from_rows)
     for (; n + 2 <= a.n1; n += 2) bf16_rows<kFp4, 2>(a, n);
   for (; n < a.n1; ++n) bf16_rows<kFp4, 1>(a, n);
 }

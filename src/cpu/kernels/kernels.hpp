@@ -123,6 +123,10 @@ struct BlockScaledArgs {
   int64_t n0 = 0, n1 = 0;
   float* y = nullptr;
   int64_t ldy = 0;
+  // The bf16 kernel: from this many activation rows up, two weight rows share each activation
+  // load (below, one weight row per pass). Only speed depends on it (the sums are the same bit
+  // for bit); the measured choice per CPU is block_scaled_pair_from_rows (engine.hpp).
+  int pair_from_rows = 3;
 };
 using BlockScaledFn = void (*)(const BlockScaledArgs&);
 void gemm_block_scaled_portable(const BlockScaledArgs& a);
