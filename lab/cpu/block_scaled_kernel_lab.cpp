@@ -9,7 +9,11 @@
 //
 // HUGE=1 puts the codes on 2 MiB pages (THP via madvise) to see what TLB misses cost. The prefetch
 // distance and the weight-row pairing of the kernel were chosen with this lab (docs/cpu.md);
-// PAIR_FROM=n sets the pairing threshold (default: the library's for this CPU).
+// PAIR_FROM=n sets the pairing threshold (default: the library's for this CPU); FP8_ONLY=1 skips FP4,
+// MAX_M=n stops after n activation rows, EACH=1 prints every timed run. LAB_E / LAB_N / LAB_K /
+// LAB_ROWS set the matrices, their shape and the rows per task: the default 235 MB fits an L3 of
+// several hundred MB (the Intel development VM reports 480 MiB), where only LAB_E=40 or so
+// measures DRAM.
 #include <omp.h>
 #include <sys/mman.h>
 
@@ -40,7 +44,13 @@ struct Problem {
   std::vector<uint16_t> xb;
 };
 
-constexpr int64_t E = 8, N = 4096, K = 7168, nb = K / 128, tasks_per_e = N / 64;
+// N x K of each matrix: LAB_N / LAB_K (default DeepSeek-V3's gate_up, 4096 x 7168; its down is
+// 7168 x 2048), both multiples of 128 and N of 64.
+int64_t env_or(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoll(v) : fallback;
+}
+const int64_t E = env_or("LAB_E", 8), N = env_or("LAB_N", 4096), K = env_or("LAB_K", 7168), nb = K / 128, task_rows = env_or("LAB_ROWS", 64), tasks_per_e = N / task_rows;
 constexpr int M = 8;
 
 Problem make(bool fp4) {
@@ -98,14 +108,14 @@ void run(const Problem& p, k::BlockScaledFn fn, int m, std::vector<float>& y) {
   const size_t sbytes = p.fp4 ? 1 : 4;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t t = 0; t < E * tasks_per_e; ++t) {
-    const int64_t e = t / tasks_per_e, n0 = (t % tasks_per_e) * 64;
+    const int64_t e = t / tasks_per_e, n0 = (t % tasks_per_e) * task_rows;
     k::BlockScaledArgs a;
     a.fp4 = p.fp4, a.w = p.codes() + e * N * p.row_bytes, a.row_bytes = p.row_bytes, a.k = K;
     a.scale = p.scale.data() + size_t(e * srows * scols) * sbytes;
     a.scale_dtype = p.fp4 ? moex::DType::kF8E8M0 : moex::DType::kF32, a.scale_cols = scols;
     a.fused_rows = N, a.bn = p.fp4 ? 1 : 128;
     a.xq = bf16 ? p.xq_bf16src.data() : p.xq_float.data(), a.xb = bf16 ? p.xb.data() : nullptr;
-    a.xs = p.xs.data(), a.x_ld = K, a.nb = nb, a.m = m, a.n0 = n0, a.n1 = n0 + 64;
+    a.xs = p.xs.data(), a.x_ld = K, a.nb = nb, a.m = m, a.n0 = n0, a.n1 = n0 + task_rows;
     a.y = y.data() + e * N * m, a.ldy = N;
     a.pair_from_rows = pair_from_rows();
     fn(a);
@@ -119,7 +129,9 @@ int main() {
     std::printf("needs AVX512-BF16\n");
     return 1;
   }
+  std::printf("%lld matrices of %lld x %lld\n", (long long)E, (long long)N, (long long)K);
   for (bool fp4 : {false, true}) {
+    if (fp4 && std::getenv("FP8_ONLY")) break;
     const Problem p = make(fp4);
     std::vector<float> y0(size_t(E * N * M)), y1(y0.size());
     run(p, k::gemm_block_scaled_avx512, M, y0);
@@ -130,12 +142,15 @@ int main() {
                 omp_get_max_threads(), std::sqrt(num / den));
     const double bytes = double(p.w.size()) + double(p.scale.size());
     for (int m : {1, 2, 4, 8}) {
+      if (m > env_or("MAX_M", 8)) break;
       double best[2] = {1e9, 1e9};
       for (int rep = 0; rep < 7; ++rep)
         for (int v = 0; v < 2; ++v) {  // interleaved, so drift on a shared machine hits both
           const auto t0 = std::chrono::steady_clock::now();
           run(p, v ? k::gemm_block_scaled_avx512bf16 : k::gemm_block_scaled_avx512, m, v ? y1 : y0);
-          best[v] = std::min(best[v], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+          const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (std::getenv("EACH")) std::printf("    %s %.2f ms\n", v ? "bf16" : "float", dt * 1e3);
+          best[v] = std::min(best[v], dt);
         }
       std::printf("  M=%d  float %6.1f ms %5.1f GB/s   bf16 %6.1f ms %5.1f GB/s   speedup %.2fx\n", m,
                   best[0] * 1e3, bytes / best[0] / 1e9, best[1] * 1e3, bytes / best[1] / 1e9, best[0] / best[1]);

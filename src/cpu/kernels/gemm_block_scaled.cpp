@@ -307,7 +307,7 @@ inline void fp4_block_scales(const uint8_t* sp, int64_t subs, __m512& s0, __m512
   s1 = _mm512_permutexvar_ps(_mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), sc);
 }
 
-// NR consecutive weight rows from n against every activation row, kRowsPerPass at a time. From
+// NR weight rows n, n + stride, ... against every activation row, kRowsPerPass at a time. From
 // 4 activation rows up, two weight rows share each activation load: with one, the activation
 // rows (2 bytes per column, re-read from L2 for every weight row once several rows no longer fit
 // L1) outweigh the codes (FP8, 4 / 8 rows: 22 / 15 GB/s with two, 17 / 10 with one). At 1 - 2
@@ -315,15 +315,18 @@ inline void fp4_block_scales(const uint8_t* sp, int64_t subs, __m512& s0, __m512
 // Per 128-wide block and row: FP8, one float (block scale x activation scale) times the block's
 // dot; FP4, the 1 x 32 scales per lane group first (fp4_block_scales), then the activation scale.
 template <bool kFp4, int NR>
-void bf16_rows(const BlockScaledArgs& a, int64_t n) {
+void bf16_rows(const BlockScaledArgs& a, int64_t n, int64_t stride) {
   constexpr int64_t kCodeBytes = kFp4 ? kBlock / 2 : kBlock;  // bytes of one 128-wide block
-  // How far ahead of the decode each row's codes are prefetched (bytes); lab/cpu's
-  // block_scaled_kernel_lab measured 1 - 8 KB (2 cores of a Zen 5 EPYC, FP8, 1 activation row):
-  // 512 B left the stream latency-bound at ~22 GB/s, 4 KB reached 34 of the 44 GB/s DRAM read.
-  constexpr int64_t kAhead = NR == 1 ? 4096 : 8192;
+  // How far ahead of the decode each row's codes are prefetched (bytes): each of the NR rows is
+  // one sequential stream through consecutive rows (block_scaled_bf16), so this is 4 KB ahead in
+  // that stream. lab/cpu's block_scaled_kernel_lab measured 1 - 8 KB (2 cores of a Zen 5 EPYC,
+  // FP8, 1 activation row, one stream: 512 B left it latency-bound at ~22 GB/s, 4 KB reached 34 of
+  // 44 GB/s) and 4 / 8 KB for two streams (Intel, below).
+  constexpr int64_t kAhead = 4096;
   const uint8_t* row[NR];
   int64_t srow[NR];
-  for (int r = 0; r < NR; ++r) row[r] = a.w + (n + r) * a.row_bytes, srow[r] = scale_row_start(a, n + r);
+  for (int r = 0; r < NR; ++r)
+    row[r] = a.w + (n + r * stride) * a.row_bytes, srow[r] = scale_row_start(a, n + r * stride);
   for (int m0 = 0; m0 < a.m; m0 += kRowsPerPass) {
     const int mc = std::min(kRowsPerPass, a.m - m0);
     const uint16_t* xb[kRowsPerPass];
@@ -394,16 +397,24 @@ void bf16_rows(const BlockScaledArgs& a, int64_t n) {
       }
     }
     for (int r = 0; r < NR; ++r)
-      for (int i = 0; i < mc; ++i) a.y[(m0 + i) * a.ldy + n + r] = _mm512_reduce_add_ps(total[r][i]);
+      for (int i = 0; i < mc; ++i) a.y[(m0 + i) * a.ldy + n + r * stride] = _mm512_reduce_add_ps(total[r][i]);
   }
 }
 
+// Paired weight rows come from the two halves of the call's rows (n0 + i with n0 + half + i), not
+// from neighbours: two neighbouring rows shorter than 4 KB share a page, and two streams
+// interleaved in one page streamed at ~16 GB/s from DRAM where two streams in separate pages
+// reached ~26 (2 Intel Xeon vCPUs, FP8, one activation row, 8 x 7168 x 2048 codes; docs/cpu.md).
+// Each row's result does not depend on its partner: the order changes no bit.
 template <bool kFp4>
 void block_scaled_bf16(const BlockScaledArgs& a) {
   int64_t n = a.n0;
-  if (a.m >= a.pair_from_rows)
-    for (; n + 2 <= a.n1; n += 2) bf16_rows<kFp4, 2>(a, n);
-  for (; n < a.n1; ++n) bf16_rows<kFp4, 1>(a, n);
+  if (a.m >= a.pair_from_rows) {
+    const int64_t half = (a.n1 - a.n0) / 2;
+    for (int64_t i = 0; i < half; ++i) bf16_rows<kFp4, 2>(a, a.n0 + i, half);
+    n = a.n0 + 2 * half;
+  }
+  for (; n < a.n1; ++n) bf16_rows<kFp4, 1>(a, n, 1);
 }
 
 }  // namespace
