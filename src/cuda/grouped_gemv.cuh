@@ -26,18 +26,33 @@ constexpr int kGemvWarps = 8;
 constexpr int kGemvColumns = 4;
 constexpr int kGemvChunk = 256;
 
-template <class T, GemmKind kKind, int kGroups>
-__global__ void __launch_bounds__(kGemvWarps * 32) grouped_gemv_kernel(GemmParams p) {
-  // The tiles come from the routing kernel just before: nothing can start before it completes,
-  // but the launch itself overlaps it (pdl.cuh).
-  pdl_wait();
-  pdl_trigger();
+// kEarly holds the first chunk across the wait: without a bound it took 58 registers (4 blocks
+// per SM) against the 40 of the plain down kernel; bounded to 5 blocks per SM, 48 and no spills.
+template <class T, GemmKind kKind, int kGroups, bool kEarly>
+__global__ void __launch_bounds__(kGemvWarps * 32, kEarly ? 5 : 0) grouped_gemv_kernel(GemmParams p) {
+  // gate_up's tiles (or the pairs' experts) come from the kernel just before it: nothing can start
+  // before that completes, but the launch itself overlaps it (pdl.cuh). down runs right after
+  // gate_up, so its tiles were written two launches before and are complete when it starts
+  // (pdl.cuh's rule): its first weight chunk is loaded before waiting for gate_up's h, and the
+  // weight stream overlaps gate_up's tail (at K <= 2048, a decode step's experts, that is all of
+  // the block's weights). kEarly: down only (grouped_gemv.cu).
+  static_assert(!kEarly || kKind == GemmKind::kDown);
+  if constexpr (!kEarly) {
+    pdl_wait();
+    pdl_trigger();
+  }
   Tile tile;
-  if (!block_tile(p, tile)) return;
+  const bool has_tile = block_tile(p, tile);
   const int j0 = int(blockIdx.y) * kGemvColumns;
-  if (j0 >= p.N) return;
+  if (!has_tile || j0 >= p.N) {
+    // A block with no work waits too: the kernel after this one relies on this grid's completion
+    // implying gate_up's.
+    if constexpr (kEarly) pdl_wait();
+    return;
+  }
   const int cols = min(kGemvColumns, p.N - j0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int k_first = warp * kGemvChunk + lane * 8;
   const T* w = static_cast<const T*>(p.w) + tile.expert * p.w_expert_stride;
   const T* wrow[kGroups][kGemvColumns];
 #pragma unroll
@@ -45,6 +60,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32) grouped_gemv_kernel(GemmParam
 #pragma unroll
     for (int c = 0; c < kGemvColumns; ++c)
       wrow[g][c] = w + b_source_row<kGroups>(p, j0 + min(c, cols - 1), g) * p.ldw;
+  uint4 first[kGroups][kGemvColumns];  // kEarly: row 0's first chunk, loaded before the wait
+  if (kEarly && k_first < p.K)
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+      for (int c = 0; c < kGemvColumns; ++c) first[g][c] = __ldg(reinterpret_cast<const uint4*>(wrow[g][c] + k_first));
+  if constexpr (kEarly) {
+    pdl_wait();
+    pdl_trigger();
+  }
 
   __shared__ float part[kGemvWarps][kGroups][kGemvColumns];
   for (int r = 0; r < tile.rows; ++r) {
@@ -55,12 +80,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32) grouped_gemv_kernel(GemmParam
     for (int g = 0; g < kGroups; ++g)
 #pragma unroll
       for (int c = 0; c < kGemvColumns; ++c) acc[g][c] = 0.0f;
-    for (int k = warp * kGemvChunk + lane * 8; k < p.K; k += kGemvWarps * kGemvChunk) {
+    for (int k = k_first; k < p.K; k += kGemvWarps * kGemvChunk) {
       uint4 wv[kGroups][kGemvColumns];
+      const bool preloaded = kEarly && r == 0 && k == k_first;
 #pragma unroll
       for (int g = 0; g < kGroups; ++g)
 #pragma unroll
-        for (int c = 0; c < kGemvColumns; ++c) wv[g][c] = __ldg(reinterpret_cast<const uint4*>(wrow[g][c] + k));
+        for (int c = 0; c < kGemvColumns; ++c)
+          wv[g][c] = preloaded ? first[g][c] : __ldg(reinterpret_cast<const uint4*>(wrow[g][c] + k));
       float xf[8];
       widen8<T>(__ldg(reinterpret_cast<const uint4*>(a + k)), xf);
 #pragma unroll
