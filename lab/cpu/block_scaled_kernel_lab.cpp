@@ -85,7 +85,9 @@ Problem make(bool fp4) {
   p.xb.resize(size_t(M * K));
   for (int m = 0; m < M; ++m) {
     float* nat = &p.xq_bf16src[size_t(m * K)];
-    for (int64_t c = 0; c < K; ++c) nat[c] = moex::f8e4m3_to_float(moex::float_to_f8e4m3(g(rng) * 100.f));
+    // Clamped like the weights: e4m3 has no infinity, a value past 448 would become its NaN code.
+    for (int64_t c = 0; c < K; ++c)
+      nat[c] = moex::f8e4m3_to_float(moex::float_to_f8e4m3(std::clamp(g(rng) * 100.f, -448.f, 448.f)));
     for (int64_t c = 0; c < K; ++c) {  // the float FP4 kernel reads each 32 block evens, then odds
       const int64_t r = c % 32, pos = fp4 ? c - r + (r % 2 ? 16 + r / 2 : r / 2) : c;
       p.xq_float[size_t(m * K + pos)] = nat[c];
