@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""moex's experts backends (batched_mm, grouped_mm, deepgemm) and transformers' (eager, batched_mm,
-grouped_mm; compiled and not) side by side on the same GPU, in the same run.
+"""moex's experts backends (batched_mm, grouped_mm, deepgemm, sonicmoe) and transformers' (eager,
+batched_mm, grouped_mm; compiled and not) side by side on the same GPU, in the same run.
 
 Runs `moex bench experts --device cuda --json` (moex's own harness: it checks each backend against
 the float64 reference before timing, measures the ceilings and prints the floor of each row) and
@@ -156,6 +156,8 @@ def main():
     ap.add_argument("--moex-args", default="", help="extra arguments for moex bench, e.g. '--budget-s 1'")
     ap.add_argument("--deepgemm", default="yes", choices=["yes", "no"],
                     help="also time moex's deepgemm backend (Hopper only; a refusal is printed, not fatal)")
+    ap.add_argument("--sonicmoe", default="yes", choices=["yes", "no"],
+                    help="also time moex's sonicmoe backend (Hopper only; a refusal is printed, not fatal)")
     args = ap.parse_args()
     shapes = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -180,6 +182,8 @@ def main():
             moex_rows += run_moex(args.moex, shape, small, "both", "batched_mm", extra)
         if args.deepgemm == "yes":
             moex_rows += run_moex(args.moex, shape, tokens, "both", "deepgemm", extra)
+        if args.sonicmoe == "yes":
+            moex_rows += run_moex(args.moex, shape, tokens, "both", "sonicmoe", extra)
         hf, py = {}, {}
         if not args.skip_hf or py_impls:
             ex, cfg = make_hf_experts(E, H, I, torch)
@@ -234,9 +238,9 @@ def main():
         # One table per shape.
         print("\n### %s (E=%d, k=%d, H=%d, I=%d), bf16\n" % (shape, E, k, H, I))
         print("| T | floor ms | moex batched_mm | moex batched_mm graph | moex grouped_mm | moex grouped_mm graph "
-              "| moex deepgemm | moex deepgemm graph | moex best / floor | transformers best | its ms | speedup "
-              "| transformers + moex best | its ms | its speedup |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "| moex deepgemm | moex deepgemm graph | moex sonicmoe | moex sonicmoe graph | moex best / floor "
+              "| transformers best | its ms | speedup | transformers + moex best | its ms | its speedup |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for T in tokens:
             mr = {(r["backend"], r["graph"]): r for r in moex_rows if r["tokens"] == T}
             if not mr:
@@ -245,7 +249,7 @@ def main():
             floor = next(iter(mr.values()))["floor_ms"]
             cells = []
             for key in [("batched_mm", False), ("batched_mm", True), ("grouped_mm", False), ("grouped_mm", True),
-                        ("deepgemm", False), ("deepgemm", True)]:
+                        ("deepgemm", False), ("deepgemm", True), ("sonicmoe", False), ("sonicmoe", True)]:
                 cells.append("%.4f" % mr[key]["ms"] if key in mr else "-")
             best = min(r["ms"] for r in mr.values())
             hf_t = {kk: v for (t, kk), v in hf.items() if t == T}

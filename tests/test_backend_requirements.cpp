@@ -1,4 +1,5 @@
-// The requirement checks of "deepgemm" and "deepgemm_megamoe" (moex/backend_requirements.hpp),
+// The requirement checks of "deepgemm", "deepgemm_megamoe" and "sonicmoe"
+// (moex/backend_requirements.hpp),
 // run without a GPU through injected device descriptions: every requirement error, the order in
 // which they are reported, and the accepted cases. Then the same errors as a user meets them:
 // through the experts interface and the CLI (exit code 2, one line), and the static-activation
@@ -136,6 +137,49 @@ TEST(DeepGemmMegaMoeRequirements, EachRequirementInTurn) {
   expect_reason(deepgemm_megamoe_unsupported(fp4, DType::kBF16, kBlackwell, 2), {"no build", "use grouped_mm"});
 }
 
+TEST(SonicMoeRequirements, HopperServesGatedBf16AndF16) {
+  EXPECT_EQ(sonicmoe_unsupported(bf16_spec(), DType::kBF16, kHopper), "");
+  EXPECT_EQ(sonicmoe_unsupported(bf16_spec(), DType::kF16, kHopper), "");
+  ExpertsSpec biased = bf16_spec(264, 200);
+  biased.has_bias = true;
+  EXPECT_EQ(sonicmoe_unsupported(biased, DType::kBF16, kHopper), "");
+  for (Activation a : {Activation::kGelu, Activation::kRelu}) {
+    ExpertsSpec s = bf16_spec();
+    s.act = a;
+    EXPECT_EQ(sonicmoe_unsupported(s, DType::kBF16, kHopper), "") << activation_name(a);
+  }
+}
+
+// Every requirement, in the order a user would fix them: the device, then the experts, then
+// the dtype and the layout.
+TEST(SonicMoeRequirements, EachUnmetRequirementIsNamed) {
+  expect_reason(sonicmoe_unsupported(bf16_spec(), DType::kBF16, kHost), {"Hopper", "no CUDA device", "use grouped_mm"});
+  for (const DeviceDescription& d : {kAmpere, kAda})
+    expect_reason(sonicmoe_unsupported(bf16_spec(), DType::kBF16, d), {"compute capability 9.0", "wgmma"});
+  expect_reason(sonicmoe_unsupported(bf16_spec(), DType::kBF16, kBlackwell), {"sm_90a", "NVIDIA B200", "use grouped_mm"});
+  ExpertsSpec ungated = bf16_spec();
+  ungated.has_gate = false;
+  expect_reason(sonicmoe_unsupported(ungated, DType::kBF16, kHopper), {"gated", "no gate"});
+  ExpertsSpec tanh = bf16_spec();
+  tanh.act = Activation::kGeluTanh;
+  expect_reason(sonicmoe_unsupported(tanh, DType::kBF16, kHopper), {"silu, gelu and relu", "gelu_pytorch_tanh"});
+  ExpertsSpec oai = bf16_spec();
+  oai.act = Activation::kSwigluOai;
+  expect_reason(sonicmoe_unsupported(oai, DType::kBF16, kHopper), {"gpt-oss", "use grouped_mm"});
+  expect_reason(sonicmoe_unsupported(fp8_spec(), DType::kBF16, kHopper), {"FP8", "deepgemm", "--dequantize"});
+  expect_reason(sonicmoe_unsupported(fp4_spec(), DType::kBF16, kHopper), {"FP4"});
+  expect_reason(sonicmoe_unsupported(bf16_spec(), DType::kF32, kHopper), {"bfloat16 or float16", "float32"});
+  ExpertsSpec t = bf16_spec();
+  t.is_transposed = true;
+  expect_reason(sonicmoe_unsupported(t, DType::kBF16, kHopper), {"transposed"});
+  ExpertsSpec il = bf16_spec();
+  il.is_concatenated = false;
+  expect_reason(sonicmoe_unsupported(il, DType::kBF16, kHopper), {"interleaved"});
+  expect_reason(sonicmoe_unsupported(bf16_spec(260, 124), DType::kBF16, kHopper), {"multiples of 8", "H = 260"});
+  // The device comes first: a host is named before the experts' own problems.
+  expect_reason(sonicmoe_unsupported(ungated, DType::kF32, kHost), {"no CUDA device"});
+}
+
 // A hand-built spec with static activation scales is refused by every backend (none of them
 // reads activation scales from the weights), not run with dynamic ones.
 TEST(StaticActivations, EveryBackendRefusesThem) {
@@ -166,6 +210,12 @@ TEST(DeepGemmBackends, RefuseTheHostWithTheReason) {
   EXPECT_TRUE(c.graph_capturable);
   EXPECT_TRUE(c.quantized_weights);
   EXPECT_FALSE(get_experts_backend("deepgemm_megamoe")->caps().graph_capturable);
+  EXPECT_NE(get_experts_backend("sonicmoe")->unsupported_reason(s, DType::kBF16, Device::cpu()).find("Hopper"),
+            std::string::npos);
+  const BackendCaps sc = get_experts_backend("sonicmoe")->caps();
+  EXPECT_EQ(sc.dtypes, (std::vector<DType>{DType::kBF16, DType::kF16}));
+  EXPECT_TRUE(sc.graph_capturable);
+  EXPECT_FALSE(sc.quantized_weights);
 }
 
 class DeepGemmCli : public ::testing::Test {
@@ -183,7 +233,7 @@ class DeepGemmCli : public ::testing::Test {
 TEST_F(DeepGemmCli, GenerateOnTheHostExitsTwoWithTheReason) {
   if (!has_experts_backend("deepgemm")) GTEST_SKIP() << "built without CUDA (the names need the CUDA build)";
   const std::string model = data_path("hf-tiny/qwen2_moe/checkpoint_bf16");
-  for (const char* name : {"deepgemm", "deepgemm_megamoe"}) {
+  for (const char* name : {"deepgemm", "deepgemm_megamoe", "sonicmoe"}) {
     const CliResult r = run_cli(std::string("generate --model ") + model +
                                     " --device cpu --dtype bfloat16 --prompt-ids 1,2,3 --max-new-tokens 2"
                                     " --experts-implementation " + name,
@@ -204,6 +254,7 @@ TEST_F(DeepGemmCli, BackendsListsGraphAndQuantizedSupport) {
   if (has_experts_backend("deepgemm")) {
     EXPECT_NE(r.out.find("deepgemm "), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("deepgemm_megamoe"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("sonicmoe"), std::string::npos) << r.out;
   }
 }
 

@@ -140,7 +140,7 @@ TEST(Registry, PluginBackendRunsThroughTheCliBench) {
   out = run(std::string(MOEX_CLI_PATH) + " bench experts --backends reference --tokens 1", &st);
   EXPECT_NE(st, 0);
 #ifdef MOEX_WITH_CUDA  // (the Hopper-only names are registered by the CUDA build)
-  const char* listed = "registered: auto, batched_mm, deepgemm, deepgemm_megamoe, eager, grouped_mm";
+  const char* listed = "registered: auto, batched_mm, deepgemm, deepgemm_megamoe, eager, grouped_mm, sonicmoe";
 #else
   const char* listed = "registered: auto, batched_mm, eager, grouped_mm";
 #endif

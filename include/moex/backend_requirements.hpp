@@ -1,5 +1,5 @@
 // The hardware and checkpoint requirements of the Hopper / Blackwell experts backends named after
-// DeepGEMM ("deepgemm", "deepgemm_megamoe"), as pure functions of the experts spec, the
+// DeepGEMM and SonicMoE ("deepgemm", "deepgemm_megamoe", "sonicmoe"), as pure functions of the experts spec, the
 // activation dtype and a description of the device, so that every check runs on a machine
 // without a GPU (tests inject the description). The CUDA backends call them with the description
 // of their device; each answer is empty when served, else one sentence naming what is missing and
@@ -32,6 +32,13 @@ struct DeviceDescription {
 // with [gate; up] concatenated, H and I multiples of 8 (FP8: 16). On Blackwell it names the
 // scales DeepGEMM would need there (UE8M0) before saying moex has no Blackwell build.
 std::string deepgemm_unsupported(const ExpertsSpec& spec, DType act, const DeviceDescription& d);
+
+// "sonicmoe": the fused forward of gated bf16 / f16 experts on Hopper (gate_up reading the hidden
+// rows in place, the gated activation in its epilogue, down, the per-token gather-and-sum).
+// Needs compute capability 9.0 (moex builds it for sm_90a), gated experts with silu, gelu or
+// relu (SwiGLU, GeGLU, ReGLU: transformers' ACT_MAP), unquantized weights, bfloat16 or float16
+// activations, row-major weights with [gate; up] concatenated, H and I multiples of 8.
+std::string sonicmoe_unsupported(const ExpertsSpec& spec, DType act, const DeviceDescription& d);
 
 // "deepgemm_megamoe": one Blackwell kernel fusing expert-parallel dispatch, both projections,
 // SwiGLU and the combine, over FP4 experts with UE8M0 scales. Every requirement is checked in

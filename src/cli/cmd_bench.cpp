@@ -343,8 +343,8 @@ int run_bench_experts(const std::vector<std::string>& argv) {
   const int64_t check_tokens = a.get_int("check-tokens", 8);
 
   if (!json)
-    std::printf("%-12s %6s %6s %10s %10s %9s %9s %9s %10s\n", "backend", "tokens", "graph", "ms",
-                "floor_ms", "fraction", "TFLOP/s", "GB/s", "check_err");
+    std::printf("%-12s %6s %6s %10s %10s %9s %9s %9s %10s %11s\n", "backend", "tokens", "graph",
+                "ms", "floor_ms", "fraction", "TFLOP/s", "GB/s", "check_err", "scratch_MB");
   for (int64_t T : tokens) {
     Routing r = make_routing(T, sh.k, sh.E, seed + 100 + uint64_t(T));
     Tensor hidden = random_tensor({T, sh.H}, dt, 1.f, seed + 7 + uint64_t(T));
@@ -364,6 +364,7 @@ int run_bench_experts(const std::vector<std::string>& argv) {
       bool graph;
       double ms;
       std::optional<double> err;
+      size_t scratch;
     };
     std::vector<Row> timed;
 
@@ -403,6 +404,18 @@ int run_bench_experts(const std::vector<std::string>& argv) {
     for (const std::string& b : backends) {
       std::optional<double> err;
       if (checked) err = check_rows(experts.forward(b, hd, idxd, wd), b, "");
+      // CUDA: the scratch memory one call of this size holds (the workspace it asks for,
+      // allocated through a caller's workspace here): the activation memory a fused path saves.
+      size_t scratch = 0;
+      if (dev.is_cuda()) {
+        Workspace ws(dev);
+        ExecContext ctx = ExecContext::on(dev);
+        ctx.workspace = &ws;
+        Tensor o = Tensor::empty(hd.shape(), hd.dtype(), dev);
+        experts.forward(b, hd, idxd, wd, o, ctx);
+        (void)o.to(Device::cpu());  // (the call has finished before its workspace is freed)
+        scratch = ws.capacity();
+      }
       std::vector<bool> graph_modes;
       if (graph_mode != GraphMode::kOn) graph_modes.push_back(false);
       if (graph_mode != GraphMode::kOff) graph_modes.push_back(true);
@@ -421,7 +434,7 @@ int run_bench_experts(const std::vector<std::string>& argv) {
           }
           ms = time_cuda_ms(dev, fn, g, 3, std::max(min_iters, 20));
         }
-        timed.push_back({b, g, ms, row_err});
+        timed.push_back({b, g, ms, row_err, scratch});
       }
     }
     // A shared host's DRAM bandwidth moves within seconds (on a 2-core cloud VM the same
@@ -455,15 +468,19 @@ int run_bench_experts(const std::vector<std::string>& argv) {
                          {"fraction_of_floor", frac}, {"bytes", bytes}, {"flops", flops},
                          {"distinct_experts", r.distinct}, {"bandwidth_gbs", bw_gbs},
                          {"peak_tflops", peak_tflops}, {"kernel", kernel},
+                         {"scratch_bytes", row.scratch},
                          {"check_rel_err",
                           row_err ? nlohmann::json(*row_err) : nlohmann::json()}};
         std::printf("%s\n", j.dump().c_str());
       } else {
         char err_text[32] = "unchecked";
         if (row_err) std::snprintf(err_text, sizeof err_text, "%.2e", *row_err);
-        std::printf("%-12s %6lld %6s %10.4f %10.4f %8.1f%% %9.2f %9.1f %10s\n", b.c_str(),
+        char scratch_text[32] = "-";
+        if (row.scratch) std::snprintf(scratch_text, sizeof scratch_text, "%.1f", row.scratch / 1e6);
+        std::printf("%-12s %6lld %6s %10.4f %10.4f %8.1f%% %9.2f %9.1f %10s %11s\n", b.c_str(),
                     (long long)T, g ? "on" : "off", ms, floor_ms, 100 * frac,
-                    ms > 0 ? flops / ms / 1e9 : 0, ms > 0 ? bytes / ms / 1e6 : 0, err_text);
+                    ms > 0 ? flops / ms / 1e9 : 0, ms > 0 ? bytes / ms / 1e6 : 0, err_text,
+                    scratch_text);
       }
       std::fflush(stdout);
     }

@@ -1,7 +1,9 @@
-// Requirement checks of the DeepGEMM-style backends: see moex/backend_requirements.hpp. The
-// conditions follow transformers' deepgemm integration (compute capability, FP4 only on
-// Blackwell, UE8M0 scales on Blackwell, 128 x 128 FP8 blocks, dynamic activations), plus the
-// layout limits of moex's own Hopper kernels.
+// Requirement checks of the DeepGEMM- and SonicMoE-style backends: see
+// moex/backend_requirements.hpp. The deepgemm conditions follow transformers' deepgemm
+// integration (compute capability, FP4 only on Blackwell, UE8M0 scales on Blackwell, 128 x 128
+// FP8 blocks, dynamic activations), the sonicmoe ones its sonicmoe integration (CUDA, compute
+// capability 9.0 or newer, gated experts, silu / gelu / relu), plus the layout limits of moex's
+// own Hopper kernels.
 #include "moex/backend_requirements.hpp"
 
 namespace moex {
@@ -69,6 +71,35 @@ std::string deepgemm_unsupported(const ExpertsSpec& spec, DType act, const Devic
     return "needs the hidden and intermediate sizes to be multiples of " + std::to_string(m) +
            " (TMA rows of 16 bytes), got H = " + std::to_string(spec.hidden) +
            ", I = " + std::to_string(spec.intermediate) + ": use grouped_mm";
+  return {};
+}
+
+std::string sonicmoe_unsupported(const ExpertsSpec& spec, DType act, const DeviceDescription& d) {
+  if (!d.cuda) return "needs a Hopper GPU (compute capability 9.0); this is " + d.str() + ": use grouped_mm";
+  if (d.cc_major < 9)
+    return "needs compute capability 9.0 (Hopper) or newer; " + d.str() +
+           " has no wgmma / TMA: use grouped_mm";
+  if (d.cc_major != 9 || d.cc_minor != 0)
+    return "moex builds its sonicmoe kernels for sm_90a (compute capability 9.0), not " + d.str() +
+           ": use grouped_mm";
+  if (!spec.has_gate)
+    return "fuses a gated MLP (SwiGLU / GeGLU / ReGLU) and these experts have no gate: use grouped_mm";
+  if (spec.act != Activation::kSilu && spec.act != Activation::kGelu && spec.act != Activation::kRelu)
+    return "supports the gated activations silu, gelu and relu (SwiGLU, GeGLU, ReGLU), not " +
+           std::string(activation_name(spec.act)) +
+           (spec.act == Activation::kSwigluOai ? " (gpt-oss's clamped SwiGLU)" : "") + ": use grouped_mm";
+  if (spec.quant.quantized())
+    return std::string("runs bf16 / f16 experts, not ") + weights_kind(spec) +
+           " ones: use deepgemm (FP8) or grouped_mm, or load with --dequantize";
+  if (act != DType::kBF16 && act != DType::kF16)
+    return "takes bfloat16 or float16 activations, not " + std::string(dtype_name(act)) +
+           " (load with --dtype bfloat16)";
+  if (spec.is_transposed) return "takes row-major [E, N, K] expert weights, not transposed ones: use grouped_mm";
+  if (!spec.is_concatenated)
+    return "takes gate_up as [gate; up] halves, not interleaved gate / up rows: use grouped_mm";
+  if (spec.hidden % 8 != 0 || spec.intermediate % 8 != 0)
+    return "needs the hidden and intermediate sizes to be multiples of 8 (rows of 16-byte loads), got H = " +
+           std::to_string(spec.hidden) + ", I = " + std::to_string(spec.intermediate) + ": use grouped_mm";
   return {};
 }
 

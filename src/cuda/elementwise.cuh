@@ -12,11 +12,13 @@ namespace moex::cuda {
 // output is the same fp32 sum regardless of how pairs were grouped, rounded once. V = 4 (hidden a
 // multiple of 4: 16-byte loads of y) keeps 4x the bytes in flight per thread, which is what the
 // small-k shapes need to approach DRAM speed (Mixtral, k = 2: 98 us at 1.7 TB/s with V = 1).
-template <class T, class Index, int V>
-__global__ void combine_kernel(const float* __restrict__ y, const int* __restrict__ pos_of_pair,
+// Y: fp32 rows, or (the fused path) rows already rounded to T; round_weights: each routing weight
+// rounded to T first (as transformers' sonicmoe passes the router scores in the hidden dtype).
+template <class T, class Y, class Index, int V>
+__global__ void combine_kernel(const Y* __restrict__ y, const int* __restrict__ pos_of_pair,
                                const Index* __restrict__ idx, const void* __restrict__ weights,
-                               int weights_code, bool per_expert, int top_k, int experts,
-                               int hidden, T* __restrict__ out) {
+                               int weights_code, bool per_expert, bool round_weights, int top_k,
+                               int experts, int hidden, T* __restrict__ out) {
   pdl_enter();
   // Tokens on grid x (up to 2^31 - 1), column blocks on grid y (at most 65535).
   const int64_t t = blockIdx.x;
@@ -34,16 +36,23 @@ __global__ void combine_kernel(const float* __restrict__ y, const int* __restric
     }
     if (pos < 0) continue;
     int64_t wi = per_expert ? t * experts + int64_t(idx[t * top_k + j]) : t * top_k + j;
-    const float w = load_float(weights, weights_code, wi);
-    const float* yr = y + int64_t(pos) * hidden + col;
-    if constexpr (V == 4) {
+    float w = load_float(weights, weights_code, wi);
+    if (round_weights) w = to_float(from_float<T>(w));
+    const Y* yr = y + int64_t(pos) * hidden + col;
+    if constexpr (V == 4 && std::is_same_v<Y, float>) {
       const float4 v = *reinterpret_cast<const float4*>(yr);
       acc[0] += w * v.x;
       acc[1] += w * v.y;
       acc[2] += w * v.z;
       acc[3] += w * v.w;
+    } else if constexpr (V == 4) {  // four 16-bit values: one 8-byte load
+      const uint2 u = *reinterpret_cast<const uint2*>(yr);
+      Y v[4];
+      memcpy(v, &u, sizeof u);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[i] += w * to_float(v[i]);
     } else {
-      acc[0] += w * yr[0];
+      acc[0] += w * to_float(yr[0]);
     }
   }
 #pragma unroll

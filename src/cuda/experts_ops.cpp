@@ -25,7 +25,8 @@ struct Workspace {
   Tile* tiles;
   int* num_tiles;
   void* h;      // [P, I] elem
-  float* y;     // [P, H] fp32
+  void* y;      // [P, H] fp32, or elem when y_elem (the fused path)
+  bool y_elem = false;
   float* gu;    // eager: [P, R] fp32
   void* xg;     // eager: [P, H] elem
   void* xs;     // grouped on Hopper: hidden rows gathered in sorted order, [P, H] elem
@@ -38,8 +39,9 @@ struct Workspace {
   size_t bytes;
 };
 
-// The buffers each backend needs beyond the common ones.
-enum class Extra : unsigned char { kNone, kSortedA, kEagerProducts };
+// The buffers each backend needs beyond the common ones. kFused (sonicmoe): no gathered copy of
+// the hidden rows, and y in the element type (half the bytes of fp32 y).
+enum class Extra : unsigned char { kNone, kSortedA, kEagerProducts, kFused };
 
 // max_tiles: the route table's size for the backend (batched: one tile per pair; eager: one per
 // expert; grouped: route_max_tiles of the plan's tile rows).
@@ -61,7 +63,8 @@ Workspace carve(const ExpertsArgs& a, int max_tiles, Extra extra, void* base) {
   w.tiles = reinterpret_cast<Tile*>(take(sizeof(Tile) * w.max_tiles));
   w.num_tiles = reinterpret_cast<int*>(take(sizeof(int)));
   w.h = take(es * P * a.intermediate);
-  w.y = reinterpret_cast<float*>(take(sizeof(float) * P * a.hidden));
+  w.y_elem = extra == Extra::kFused && a.elem != Elem::kF32;
+  w.y = take((w.y_elem ? es : sizeof(float)) * P * a.hidden);
   if (extra == Extra::kSortedA) w.xs = take(es * P * a.hidden);
   if (extra == Extra::kEagerProducts && !a.quantized) {
     w.gu = reinterpret_cast<float*>(take(sizeof(float) * P * gate_up_rows(a)));
@@ -118,6 +121,7 @@ GroupedGemmArgs gemm_args(const ExpertsArgs& a, const Workspace& w, GemmKind kin
     g.K = int(I);
     g.N = int(H);
     g.out = w.y;
+    g.out_elem = w.y_elem;
     g.a_sorted = w.h;
     g.w_rows_total = a.experts * H;
   }
@@ -204,8 +208,10 @@ void run_gemms(const ExpertsArgs& a, const Workspace& w, const ExpertsPlan& plan
 }
 
 void run_combine(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
-  launch_combine(w.y, w.pos_of_pair, a.top_k_index, a.index_i64, a.top_k_weights, a.weights_elem,
-                 a.weights_per_expert, a.tokens, a.top_k, a.experts, a.hidden, a.elem, a.out, s);
+  // (The fused path passes the routing weights in the hidden dtype, as transformers' sonicmoe.)
+  launch_combine(w.y, w.y_elem, w.pos_of_pair, a.top_k_index, a.index_i64, a.top_k_weights,
+                 a.weights_elem, a.weights_per_expert, /*round_weights=*/w.y_elem, a.tokens, a.top_k,
+                 a.experts, a.hidden, a.elem, a.out, s);
 }
 
 // Eager over quantized experts: one launch per expert that received tokens, each over that
@@ -262,7 +268,7 @@ void run_eager(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
     const char* dn_b = a.has_bias ? static_cast<const char*>(a.down_bias) + es * size_t(e) * H
                                   : nullptr;
     launch_dense_linear(h, rows, int(I), dn_w, a.transposed ? 1 : I, a.transposed ? H : 1, dn_b,
-                        int(H), a.elem, w.y + size_t(begin) * H, s);
+                        int(H), a.elem, static_cast<float*>(w.y) + size_t(begin) * H, s);
   }
   run_combine(a, w, s);
 }
@@ -335,6 +341,36 @@ Workspace carve_grouped(const ExpertsArgs& a, const ExpertsPlan& plan, void* bas
                base);
 }
 }  // namespace
+
+size_t sonicmoe_workspace_bytes(const ExpertsArgs& a, const ExpertsPlan& plan) {
+  return carve(a, int(route_max_tiles(pairs_of(a), a.experts, plan.tile_rows)), Extra::kFused,
+               nullptr)
+      .bytes;
+}
+
+void sonicmoe_experts(const ExpertsArgs& a, const ExpertsPlan& plan, void* workspace,
+                      cudaStream_t s) {
+  if (a.tokens <= 0) return;
+  if (!plan.fused || plan.gemm != GemmPath::kWgmma)
+    throw Error("sonicmoe_experts: needs a fused wgmma plan (plan_sonicmoe)");
+  const int64_t P = pairs_of(a);
+  Workspace w = carve(a, int(route_max_tiles(P, a.experts, plan.tile_rows)), Extra::kFused,
+                      workspace);
+  launch_route_by_expert(a.top_k_index, a.index_i64, P, a.experts, plan.tile_rows,
+                         plan.raster_tiles, w.offsets, w.sorted_pair, w.pos_of_pair, w.tiles,
+                         w.max_tiles, w.num_tiles, s);
+  // gate_up reads its A rows from the hidden states itself (no gathered copy); the activation
+  // runs in its epilogue, h rounded to the element type.
+  GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
+  g1.a_rows = a.tokens;  // (rows of the hidden states, which gate_up reads in place)
+  launch_grouped_gemm_wgmma(g1, WgmmaConfig{plan.tile_rows, 256, false, /*gather_a=*/true}, s);
+  // down writes each pair's row rounded to the element type; the combine gathers and sums them
+  // per token in slot order (deterministic, no atomics).
+  GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
+  g2.a_rows = P;
+  launch_grouped_gemm_wgmma(g2, WgmmaConfig{plan.tile_rows, plan.b_rows, plan.pingpong_down}, s);
+  run_combine(a, w, s);
+}
 
 size_t grouped_mm_workspace_bytes(const ExpertsArgs& a, const ExpertsPlan& plan) {
   return carve_grouped(a, plan, nullptr).bytes;

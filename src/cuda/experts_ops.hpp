@@ -9,6 +9,8 @@
 //               fused in the epilogue) -> grouped down GEMM -> combine. On Hopper, 128-row tiles
 //               run the TMA + wgmma kernel instead, which needs A contiguous: a gather into
 //               sorted order comes first (one extra pass over [P, H], a few % of the time).
+//   sonicmoe:   route_by_expert -> gate_up reading the hidden rows in place (cp.async into the
+//               wgmma stages) -> down writing per-pair rows in the element type -> combine.
 //   eager:      route_by_expert, then a host loop over the experts that received tokens (it reads
 //               the per-expert offsets back, so it synchronises): gather, dense gate_up,
 //               activation, dense down; then combine. It is the readable reference path.
@@ -16,8 +18,9 @@
 //               (1 x 128 blocks, quantize_act) and the products read the weights in place. FP8
 //               grouped_mm on Hopper: gather into sorted order, quantize, FP8 wgmma gate_up,
 //               quantize h, FP8 wgmma down.
-// All three write the same per-pair rows y[pos, :] (fp32) and share the deterministic combine, so
-// they agree bit for bit on the sum order; they differ only in how the products run.
+// All of them write per-pair rows y[pos, :] (fp32; sonicmoe: rounded to the element type) and
+// share the deterministic combine, so they agree on the sum order; they differ only in how the
+// products run.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -73,6 +76,14 @@ size_t batched_mm_workspace_bytes(const ExpertsArgs& a, const ExpertsPlan& plan)
 void batched_mm_experts(const ExpertsArgs& a, const ExpertsPlan& plan, void* workspace,
                         cudaStream_t stream);
 size_t grouped_mm_workspace_bytes(const ExpertsArgs& a, const ExpertsPlan& plan);
+// sonicmoe (plan_sonicmoe): route_by_expert -> gate_up on Hopper tensor cores reading its A rows
+// in place from the hidden states (cp.async, no gathered copy), activation in its epilogue ->
+// down writing each pair's row in the element type -> the combine gathering and summing them
+// per token (routing weights in the element type). Workspace: h [P, I] and y [P, H] of elem,
+// against grouped_mm's gathered [P, H] copy + fp32 y.
+size_t sonicmoe_workspace_bytes(const ExpertsArgs& a, const ExpertsPlan& plan);
+void sonicmoe_experts(const ExpertsArgs& a, const ExpertsPlan& plan, void* workspace,
+                      cudaStream_t stream);
 void grouped_mm_experts(const ExpertsArgs& a, const ExpertsPlan& plan, void* workspace,
                         cudaStream_t stream);
 

@@ -31,6 +31,10 @@ std::string ExpertsPlan::describe() const {
              " rows, block scales applied per 128-wide K block";
     case GemmPath::kWgmma: break;
   }
+  if (fused)
+    return "TMA + wgmma (sm_90a) tiles of " + rows +
+           " rows, gate_up reading the hidden rows in place (cp.async), per-pair rows in the "
+           "element type" + std::string(tile_rows == 128 && pingpong_down ? ", down GEMM on ping-pong warpgroups" : "");
   if (cluster_pairs())
     return "TMA + wgmma (sm_90a) tiles of 128 rows in 2-CTA clusters sharing each weight tile";
   std::string s = "TMA + wgmma (sm_90a) tiles of " + rows + " rows";
@@ -194,8 +198,30 @@ ExpertsPlan plan_deepgemm(const ExpertsShape& s, const DeviceTraits& d) {
   return p;
 }
 
+ExpertsPlan plan_sonicmoe(const ExpertsShape& s, const DeviceTraits& d) {
+  if (!s.aligned16)
+    throw InvalidInput("sonicmoe: the hidden states and the expert weights must start on 16-byte "
+                       "boundaries (cp.async / TMA); use grouped_mm for unaligned views");
+  const int64_t active = std::max<int64_t>(1, std::min<int64_t>(s.experts, s.pairs));
+  ExpertsPlan p;
+  p.gemm = GemmPath::kWgmma;
+  p.fused = true;
+  p.tile_rows = s.pairs / active <= 48 ? 64 : 128;
+  p.b_rows = 256;
+  p.pingpong_down = p.tile_rows == 128 && s.intermediate <= 2048;  // (grouped_mm's, measured there)
+  p.raster_tiles = 1024 / p.tile_rows;
+  check_plan(p, s, d);
+  return p;
+}
+
 void check_plan(const ExpertsPlan& p, const ExpertsShape& s, const DeviceTraits& d) {
   auto fail = [](const std::string& why) { throw InvalidInput("experts plan: " + why); };
+  if (p.fused) {
+    if (p.gemm != GemmPath::kWgmma || s.quantized || !s.gated)
+      fail("the fused path runs gated bf16 / f16 experts on the wgmma kernel");
+    if ((p.tile_rows != 64 && p.tile_rows != 128) || p.b_rows != 256 || p.pingpong_gate_up)
+      fail("the fused path runs cooperative 64- or 128-row tiles of 256 weight rows");
+  }
   if (s.quantized && p.gemm != GemmPath::kSimt && p.gemm != GemmPath::kGemv &&
       p.gemm != GemmPath::kWgmmaFp8)
     fail("quantized experts run SIMT tiles, the GEMV or (FP8 on sm_90) the FP8 wgmma kernel");

@@ -58,6 +58,9 @@ struct ExpertsPlan {
   // Route tiles per raster group (tiles of one expert computed column block by column block while
   // their A rows stay in L2): about 1024 rows of A.
   int raster_tiles = 8;
+  // kWgmma, sonicmoe's fused path: gate_up reads the hidden rows in place (no gathered copy) on
+  // cooperative tiles of 256 weight rows, down writes per-pair rows in the element type.
+  bool fused = false;
 
   bool cluster_pairs() const { return gemm == GemmPath::kWgmma && tile_rows == 256; }
   bool operator==(const ExpertsPlan&) const = default;
@@ -98,6 +101,11 @@ inline constexpr int64_t kQuantGemvMaxTokens = 16;
 // Throws InvalidInput naming the condition when those kernels cannot run the call (the spec-level
 // conditions are deepgemm_unsupported's; this adds the pointers' 16-byte alignment).
 ExpertsPlan plan_deepgemm(const ExpertsShape& s, const DeviceTraits& d);
+// sonicmoe: the fused Hopper path at every size (64-row tiles while experts average at most 48
+// rows, else 128; ping-pong down GEMM when I <= 2048, as grouped_mm's wgmma plans). Throws
+// InvalidInput naming the condition when it cannot run the call (the spec-level conditions are
+// sonicmoe_unsupported's; this adds the pointers' 16-byte alignment).
+ExpertsPlan plan_sonicmoe(const ExpertsShape& s, const DeviceTraits& d);
 // batched_mm: one 16-row mma.sync tile per (token, slot) pair, or one SIMT tile.
 ExpertsPlan plan_batched_mm(const ExpertsShape& s, const DeviceTraits& d);
 // Throws InvalidInput naming the field when `p` cannot run this shape on this device (a plan set

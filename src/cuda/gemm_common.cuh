@@ -34,6 +34,7 @@ struct GemmParams {
   bool concatenated;
   ActParams ap;
   void* out;
+  bool out_elem;  // kDown: y rounded to the element type instead of fp32
   const void* pair_expert;  // GroupedGemmArgs::pair_expert
   bool pair_i64;
   int experts;
@@ -57,6 +58,7 @@ inline GemmParams to_params(const GroupedGemmArgs& g) {
   p.concatenated = g.concatenated;
   p.ap = ActParams{g.act, g.limit, g.alpha};
   p.out = g.out;
+  p.out_elem = g.out_elem;
   p.pair_expert = g.pair_expert;
   p.pair_i64 = g.pair_i64;
   p.experts = g.experts;
@@ -122,7 +124,7 @@ template <class T, GemmKind kKind, int kGroups>
 __device__ __forceinline__ void epilogue_store(const GemmParams& p, int expert, int pos, int j,
                                                float g0, float g1) {
   const float v = epilogue_value<T, kKind, kGroups>(p, expert, j, g0, g1);
-  if (kKind == GemmKind::kDown) static_cast<float*>(p.out)[int64_t(pos) * p.N + j] = v;
+  if (kKind == GemmKind::kDown && !p.out_elem) static_cast<float*>(p.out)[int64_t(pos) * p.N + j] = v;
   else static_cast<T*>(p.out)[int64_t(pos) * p.N + j] = from_float<T>(v);
 }
 
@@ -132,7 +134,7 @@ __device__ __forceinline__ void epilogue_store_pair(const GemmParams& p, int exp
                                                     float g0a, float g1a, float g0b, float g1b) {
   const float va = epilogue_value<T, kKind, kGroups>(p, expert, j, g0a, g1a);
   const float vb = epilogue_value<T, kKind, kGroups>(p, expert, j + 1, g0b, g1b);
-  if (kKind == GemmKind::kDown) {
+  if (kKind == GemmKind::kDown && !p.out_elem) {
     *reinterpret_cast<float2*>(static_cast<float*>(p.out) + int64_t(pos) * p.N + j) =
         make_float2(va, vb);
   } else {

@@ -60,9 +60,16 @@ void launch_grouped_gemm_wgmma(const GroupedGemmArgs& a, const WgmmaConfig& c,
   if (c.b_rows != 128 && c.b_rows != 256)
     throw Error("launch_grouped_gemm_wgmma: b_rows must be 128 or 256, got " +
                 std::to_string(c.b_rows));
-  if (!a.a_sorted || a.a_rows <= 0 || a.w_rows_total <= 0)
-    throw Error("launch_grouped_gemm_wgmma: A must be in sorted order (a_sorted, a_rows) and "
-                "w_rows_total set");
+  if (c.gather_a) {
+    if (a.kind != GemmKind::kGateUp || !a.gated || !a.concatenated || !a.a || !a.sorted_pair ||
+        (c.tile_rows != 64 && c.tile_rows != 128) || c.b_rows != 256 || c.pingpong)
+      throw Error("launch_grouped_gemm_wgmma: gathered A runs gated, concatenated gate_up from the "
+                  "hidden states and sorted_pair, on cooperative 64- or 128-row tiles of 256 weight "
+                  "rows");
+  } else if (!a.a_sorted || a.a_rows <= 0) {
+    throw Error("launch_grouped_gemm_wgmma: A must be in sorted order (a_sorted, a_rows)");
+  }
+  if (a.w_rows_total <= 0) throw Error("launch_grouped_gemm_wgmma: w_rows_total not set");
   if (a.elem == Elem::kBF16) launch_grouped_gemm_wgmma_bf16(a, c, stream);
   else launch_grouped_gemm_wgmma_f16(a, c, stream);
 }

@@ -23,7 +23,8 @@
 // persistent lets the producer load the next item's first stages during the epilogue.
 //
 // Operands. A is contiguous in sorted order (gate_up: the hidden rows gathered by
-// gather_sorted_kernel; down: the intermediate h), so its tile is one 2D TMA box; rows past the
+// gather_sorted_kernel, or read in place with kGatherA, see the kernel; down: the intermediate
+// h), so its tile is one 2D TMA box; rows past the
 // tile's own (the next expert's, or past the end: zero-filled) are computed and never stored.
 // B is the [E * N_rows, K] weight tensor (non-transposed layouts only); for gated concatenated
 // gate_up the stage holds BN gate rows followed by the BN matching up rows (two boxes), so a
@@ -233,8 +234,19 @@ __device__ __forceinline__ void staged_gate_up_epilogue(const float (&acc)[kHalv
 // A tile of at most 128 rows is split by column blocks between the two CTAs instead (see the
 // consumers). A rank whose part of an item has no rows or columns still loads, multiplies
 // (nothing stored) and releases every stage, keeping the pair in step.
+//
+// Gathered A (kGatherA, gate_up of bf16 / f16 experts; the "sonicmoe" backend): A's rows are read
+// straight from the hidden states, row r of a tile being token sorted_pair[row_start + r] / top_k,
+// instead of from a gathered copy in sorted order (no [P, H] copy written and read back). TMA
+// cannot gather rows on Hopper, so the whole producer warpgroup loads A with cp.async, each
+// warp instruction four whole rows (16 bytes per lane), into the stage's 128-byte swizzle (chunk c of row r at r * 128 + ((c ^ r % 8) << 4), the layout the
+// TMA box writes); rows past the tile's own and K past its end are zero-filled. Each thread's
+// cp.async.mbarrier.arrive.noinc completes its share of the stage's "full" barrier once its copies
+// have landed (the barrier counts 128 such arrivals + the B load's expect_tx arrival), so the
+// producer never blocks on its own copies; the consumers fence the async proxy after the wait,
+// since wgmma reads through it what cp.async wrote through the generic proxy.
 template <class T, GemmKind kKind, int kGroups, int kBRows, int STAGES, int kConsumers,
-          bool kPingPong, int kCluster = 1>
+          bool kPingPong, int kCluster = 1, bool kGatherA = false>
 __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tma_a,
                               const __grid_constant__ CUtensorMap tma_b, GemmParams p,
@@ -253,6 +265,8 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
   static_assert(!kScaled || (kBRows == 128 && !kPingPong && kCluster == 1),
                 "FP8: 128 weight rows per stage (one scale block per group), cooperative, no "
                 "clusters");
+  static_assert(!kGatherA || (!kScaled && kKind == GemmKind::kGateUp && kCluster == 1 && !kPingPong),
+                "gathered A: bf16 / f16 gate_up on cooperative single CTAs");
   constexpr int kHalves = kPingPong ? 2 : 1;  // 64-row halves of the tile one warpgroup computes
   constexpr int kBM = 64 * kConsumers;    // rows of this CTA's part of a tile
 
@@ -277,7 +291,8 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
     sm90::tma_prefetch_desc(&tma_a);
     sm90::tma_prefetch_desc(&tma_b);
     for (int s = 0; s < STAGES; ++s) {
-      sm90::mbar_init(&full[s], 1);
+      // The producer's expect_tx arrival (+ one cp.async arrival per producer thread, gathered A).
+      sm90::mbar_init(&full[s], kGatherA ? 1 + 128 : 1);
       // One arrival per warp of the warpgroup(s) that consume the stage, in every CTA of the
       // cluster that the stage's loads write to.
       sm90::mbar_init(&empty[s], (kPingPong ? 4 : 4 * kConsumers) * kCluster);
@@ -297,7 +312,50 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
     if constexpr (kRealloc) sm90::setmaxnreg_dec<40>();
     // ---- producer: runs up to STAGES k steps ahead, across items (it fills the ring for the
     // next item while the consumers run the epilogue of this one) ----
-    if (tid == 0) {
+    if constexpr (kGatherA) {
+      // Lane l loads chunk l % 8 of rows tid / 8 + 16 i: one warp instruction reads four whole
+      // 128-byte rows (full lines). (One row per thread, 16 bytes from each of 32 rows, was
+      // measured 1.6x slower at Mixtral T = 4096: 32 half-used sectors per instruction.)
+      constexpr int kRows = kBM / 16;  // rows per thread
+      const int c = tid % 8, r0 = tid / 8;
+      const T* x = static_cast<const T*>(p.a);
+      int it = 0;
+      for (int item = first; item < items; item += stride) {
+        const WorkItem w = work_item(item, nblocks, p.tiles);
+        const Tile tile = p.tiles[w.tile];
+        if (tile.rows <= 0) continue;  // (as the consumers)
+        const int brow = tile.expert * b_rows_per_expert + w.nb * BN;
+        int token[kRows];  // -1: a row past the tile's own (zero-filled)
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) {
+          const int r = r0 + 16 * i;
+          token[i] = r < tile.rows ? int(token_at(p, tile.row_start + r)) : -1;
+        }
+        for (int kb = 0; kb < KT; ++kb, ++it) {
+          const int s = it % STAGES;
+          if (it >= STAGES) sm90::mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
+          if (tid == 0) {
+            sm90::mbar_arrive_expect_tx(&full[s], S::kBStage);
+            unsigned char* b = b_smem + s * S::kBStage;
+            sm90::tma_load_2d(b, &tma_b, &full[s], kb * BK, brow);
+            if constexpr (kGroups == 2)
+              sm90::tma_load_2d(b + BN * kWgmmaRowBytes, &tma_b, &full[s], kb * BK, brow + p.I);
+          }
+          const int k = kb * BK + c * 8;
+          // Chunk c of row r sits at r * 128 + ((c ^ r % 8) << 4); r % 8 = r0 % 8 for every i.
+          const uint32_t dst =
+              smem_u32(a_smem + s * S::kAStage) + r0 * kWgmmaRowBytes + ((c ^ (r0 & 7)) << 4);
+#pragma unroll
+          for (int i = 0; i < kRows; ++i) {
+            const bool in = token[i] >= 0 && k < p.K;
+            cp_async_16(dst + 16 * i * kWgmmaRowBytes, in ? x + int64_t(token[i]) * p.K + k : x,
+                        in ? 16 : 0);
+          }
+          sm90::mbar_arrive_cp_async(&full[s]);
+        }
+      }
+      cp_async_wait<0>();  // (no copy outlives its thread)
+    } else if (tid == 0) {
       int it = 0;  // k steps issued by this CTA so far: stage = it % STAGES, pass = it / STAGES
       for (int item = first; item < items; item += stride) {
         const WorkItem w = work_item(item, nblocks, p.tiles);
@@ -418,6 +476,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
             }
         }
         sm90::mbar_wait(&full[s], (it / STAGES) & 1);
+        if constexpr (kGatherA) sm90::fence_proxy_async_shared();  // (A came through cp.async)
         const uint64_t db = sm90::desc_k_major_sw128(b_smem + s * S::kBStage);
 #pragma unroll
         for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(mma_regs(m));

@@ -34,13 +34,13 @@ constexpr int wgmma_stages() {
 }
 
 template <class T, GemmKind kKind, int kGroups, int kBRows, int kConsumers, bool kPingPong = false,
-          int kCluster = 1>
+          int kCluster = 1, bool kGatherA = false>
 void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream,
                            const WgmmaScales& sc = {}) {
   constexpr int STAGES = wgmma_stages<kBRows, kConsumers>();
   constexpr int BN = kBRows / kGroups;
-  auto kernel =
-      grouped_gemm_wgmma_kernel<T, kKind, kGroups, kBRows, STAGES, kConsumers, kPingPong, kCluster>;
+  auto kernel = grouped_gemm_wgmma_kernel<T, kKind, kGroups, kBRows, STAGES, kConsumers, kPingPong,
+                                          kCluster, kGatherA>;
   constexpr size_t smem =
       WgmmaSmem<T, kKind, kGroups, kBRows, STAGES, kConsumers, kPingPong>::kBytes;
   static std::atomic<uint64_t> opted{0};
@@ -54,11 +54,14 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream,
   constexpr CUtensorMapDataType dt = wgmma_tma_dtype<T>();
   constexpr int BK = wgmma_bk<T>();
   const int64_t rows_per_expert = a.w_expert_stride / a.K;
-  const CUtensorMap ma = encode_tensor_map_2d(a.a_sorted, dt, a.a_rows, a.K, 64 * kConsumers, BK);
   // B: one map over every expert's rows ([E * rows_per_expert, K]); a cluster's CTAs each load
   // half of the kBRows rows of a stage.
   const CUtensorMap mb =
       encode_tensor_map_2d(a.w, dt, a.w_rows_total, a.K, kCluster == 2 ? kBRows / 2 : BN, BK);
+  // A: the sorted copy, in tiles (gathered A is loaded with cp.async: the kernel never reads
+  // its A map).
+  const CUtensorMap ma =
+      kGatherA ? mb : encode_tensor_map_2d(a.a_sorted, dt, a.a_rows, a.K, 64 * kConsumers, BK);
   // Persistent: one CTA per SM (the shared-memory ring allows one), never more than the items.
   const int64_t max_items = int64_t(a.max_tiles) * ((a.N + BN - 1) / BN);
   if constexpr (kCluster == 1) {
@@ -107,6 +110,14 @@ void launch_wgmma_width(const GroupedGemmArgs& a, const WgmmaConfig& c, cudaStre
 // sharing the weight tiles).
 template <class T, GemmKind kKind, int kGroups>
 void launch_wgmma_rows(const GroupedGemmArgs& a, const WgmmaConfig& c, cudaStream_t stream) {
+  if constexpr (kKind == GemmKind::kGateUp && kGroups == 2) {
+    // Gathered A (the fused path): cooperative tiles, 256 weight rows per stage.
+    if (c.gather_a) {
+      if (c.tile_rows == 64) launch_wgmma_instance<T, kKind, kGroups, 256, 1, false, 1, true>(a, stream);
+      else launch_wgmma_instance<T, kKind, kGroups, 256, 2, false, 1, true>(a, stream);
+      return;
+    }
+  }
   if (c.tile_rows == 256) launch_wgmma_instance<T, kKind, kGroups, 256, 2, false, 2>(a, stream);
   else if (c.tile_rows == 64) launch_wgmma_width<T, kKind, kGroups, 1>(a, c, stream);
   else if (c.pingpong) launch_wgmma_instance<T, kKind, kGroups, 128, 2, true>(a, stream);

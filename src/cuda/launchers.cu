@@ -85,10 +85,10 @@ void launch_grouped_gemm_simt(const GroupedGemmArgs& a, cudaStream_t stream) {
 
 // ---------------------------------------------------------------- elementwise
 
-void launch_combine(const float* y, const int* pos_of_pair, const void* idx, bool index_i64,
-                    const void* weights, Elem weights_elem, bool per_expert, int64_t tokens,
-                    int top_k, int experts, int hidden, Elem elem, void* out,
-                    cudaStream_t stream) {
+void launch_combine(const void* y, bool y_elem, const int* pos_of_pair, const void* idx,
+                    bool index_i64, const void* weights, Elem weights_elem, bool per_expert,
+                    bool round_weights, int64_t tokens, int top_k, int experts, int hidden,
+                    Elem elem, void* out, cudaStream_t stream) {
   if (tokens <= 0) return;
   // 4 columns per thread where rows of y are 16-byte aligned (the workspace base is).
   const bool vec = hidden % 4 == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0;
@@ -96,19 +96,25 @@ void launch_combine(const float* y, const int* pos_of_pair, const void* idx, boo
   dim3 grid(unsigned(tokens), unsigned((hidden + per_block - 1) / per_block));
   dispatch_elem(elem, [&](auto t) {
     using T = decltype(t);
-    auto go = [&](auto kernel, auto index) {
+    auto go = [&](auto kernel, auto yt, auto index) {
       using I = decltype(index);
-      launch_pdl_here(kernel, grid, dim3(256), 0, stream, y, pos_of_pair, static_cast<const I*>(idx), weights,
-                                       int(weights_elem), per_expert, top_k, experts, hidden,
-                                       static_cast<T*>(out));
+      using Y = decltype(yt);
+      launch_pdl_here(kernel, grid, dim3(256), 0, stream, static_cast<const Y*>(y), pos_of_pair,
+                      static_cast<const I*>(idx), weights, int(weights_elem), per_expert,
+                      round_weights, top_k, experts, hidden, static_cast<T*>(out));
     };
-    if (index_i64) {
-      if (vec) go(combine_kernel<T, int64_t, 4>, int64_t{});
-      else go(combine_kernel<T, int64_t, 1>, int64_t{});
-    } else {
-      if (vec) go(combine_kernel<T, int32_t, 4>, int32_t{});
-      else go(combine_kernel<T, int32_t, 1>, int32_t{});
-    }
+    auto rows = [&](auto yt) {
+      using Y = decltype(yt);
+      if (index_i64) {
+        if (vec) go(combine_kernel<T, Y, int64_t, 4>, yt, int64_t{});
+        else go(combine_kernel<T, Y, int64_t, 1>, yt, int64_t{});
+      } else {
+        if (vec) go(combine_kernel<T, Y, int32_t, 4>, yt, int32_t{});
+        else go(combine_kernel<T, Y, int32_t, 1>, yt, int32_t{});
+      }
+    };
+    if (y_elem && !std::is_same_v<T, float>) rows(T{});
+    else rows(float{});
   });
   MOEX_CUDA_CHECK_LAUNCH(combine_kernel);
 }

@@ -70,6 +70,9 @@ struct GroupedGemmArgs {
   int act = 0;
   float limit = 7.f, alpha = 1.702f;
   void* out = nullptr;       // h [P, I] of elem (kGateUp) or y [P, H] float (kDown)
+  // kDown: y [P, H] of elem, each value rounded once (the fused "sonicmoe" path's per-pair rows,
+  // half the bytes of fp32 y); set only for the wgmma kernel.
+  bool out_elem = false;
   // wgmma path only: A already in sorted order, [a_rows, K] contiguous.
   const void* a_sorted = nullptr;
   int64_t a_rows = 0;
@@ -98,6 +101,9 @@ struct WgmmaConfig {
   int tile_rows = 128;    // 64 (one consumer warpgroup), 128 (two), 256 (2-CTA cluster pairs)
   int b_rows = 256;       // weight rows per stage (128 or 256)
   bool pingpong = false;  // 128-row tiles: consumers take whole 128 x 128 items in turn
+  // gate_up: A's rows read in place from the hidden states (`a`, via sorted_pair) with cp.async
+  // instead of from a_sorted (cooperative tiles of 64 or 128 rows; bf16 / f16).
+  bool gather_a = false;
 };
 void launch_grouped_gemm_wgmma(const GroupedGemmArgs& a, const WgmmaConfig& c, cudaStream_t stream);
 // Any element type and layout, plain fp32 FMA (no tf32): the fallback and the fp32 path.
@@ -147,12 +153,13 @@ void launch_linear_quant(const uint8_t* aq, const float* as, int64_t rows, int K
 
 // ---- elementwise ----
 // out[t, :] = round( sum_{j<k, pos_of_pair[t*k+j] >= 0} w(t, j) * y[pos_of_pair[t*k+j], :] ),
-// summed in fp32 in slot order; w(t, j) = weights[t, j], or weights[t, id] when per_expert.
+// summed in fp32 in slot order; w(t, j) = weights[t, j], or weights[t, id] when per_expert,
+// rounded to elem first when round_weights. y holds fp32 rows, or rows of elem when y_elem.
 // pos_of_pair null (batched_mm): pair p's row is p, skipped when its id is outside [0, experts).
-void launch_combine(const float* y, const int* pos_of_pair, const void* top_k_index,
+void launch_combine(const void* y, bool y_elem, const int* pos_of_pair, const void* top_k_index,
                     bool index_i64, const void* weights, Elem weights_elem, bool per_expert,
-                    int64_t tokens, int top_k, int experts, int hidden, Elem elem, void* out,
-                    cudaStream_t stream);
+                    bool round_weights, int64_t tokens, int top_k, int experts, int hidden,
+                    Elem elem, void* out, cudaStream_t stream);
 // dst[r, :] = src[sorted_pair[r] / top_k, :] for r < rows.
 void launch_gather(const void* src, const int* sorted_pair, int top_k, int64_t rows, int cols,
                    Elem elem, void* dst, cudaStream_t stream);
