@@ -1,5 +1,7 @@
 #include "cpu/experts_quant.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -102,7 +104,10 @@ void quant_linear(kernels::BlockScaledArgs W, const QuantRows& X, const int64_t*
   }
 }
 
-int64_t quant_rows_per_task(int64_t N) { return std::min<int64_t>(N, 64); }
+int64_t quant_rows_per_task(int64_t total_rows, int threads) {
+  const int64_t per = total_rows / std::max<int64_t>(1, 4 * int64_t(threads));
+  return std::clamp<int64_t>(per / 16 * 16, 16, 256);
+}
 
 void quantize_hidden(const ExpertsProblem& p, QuantRows& X) {
   const int64_t T = p.tokens(), H = p.spec->hidden;
@@ -146,7 +151,9 @@ struct Task {
 // (expert, output rows) tasks of a product with N output rows over the given experts.
 std::vector<Task> make_tasks(const ExpertGroups& g, int64_t e0, int64_t e1, int64_t N) {
   std::vector<Task> tasks;
-  const int64_t step = quant_rows_per_task(N);
+  int64_t active = 0;
+  for (int64_t e = e0; e < e1; ++e) active += g.count(e) > 0;
+  const int64_t step = std::min(N, quant_rows_per_task(active * N, omp_get_max_threads()));
   for (int64_t e = e0; e < e1; ++e)
     if (g.count(e) > 0)
       for (int64_t n0 = 0; n0 < N; n0 += step) tasks.push_back({e, n0, std::min(N, n0 + step)});

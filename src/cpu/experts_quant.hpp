@@ -35,9 +35,12 @@ kernels::BlockScaledArgs quant_down(const ExpertsSpec& s, const ExpertsWeights& 
 void quant_linear(kernels::BlockScaledArgs W, const QuantRows& X, const int64_t* x_rows,
                   int64_t M, int64_t n0, int64_t n1, float* y, int64_t ldy);
 
-// Output rows per task when a product of N output rows is split over threads: a pure function,
-// small enough that a decode step (M = 1) over a few experts still feeds every thread.
-int64_t quant_rows_per_task(int64_t N);
+// Output rows per task when products with `total_rows` output rows in all (over the experts of
+// one phase) are split over `threads`: up to 256 rows (each task streams its weight rows from
+// cold, so short tasks pay that start often: 64-row tasks ran the DeepSeek-sized FP8 layer at
+// T = 1 3-6 % slower on 2 Xeon vCPUs, docs/cpu.md), down to 16 so that there are at least four
+// tasks per thread; a multiple of 16.
+int64_t quant_rows_per_task(int64_t total_rows, int threads);
 
 // The hidden rows of the problem quantized once each (threads over tokens).
 void quantize_hidden(const ExpertsProblem& p, QuantRows& X);
