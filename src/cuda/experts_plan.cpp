@@ -174,6 +174,25 @@ ExpertsPlan plan_grouped_mm(const ExpertsShape& s, const DeviceTraits& d) {
   return p;
 }
 
+namespace {
+
+// The bf16 / f16 wgmma plan of the Hopper-only backends at every size: few rows per expert
+// (decode) on 64-row tiles of one consumer warpgroup, as grouped_mm's wgmma plans (each
+// expert's weights still read once), 128-row tiles from 49 rows per expert on; the down GEMM on
+// ping-pong warpgroups when I <= 2048 (grouped_mm's rule, measured there).
+ExpertsPlan hopper_tiles_plan(const ExpertsShape& s) {
+  const int64_t active = std::max<int64_t>(1, std::min<int64_t>(s.experts, s.pairs));
+  ExpertsPlan p;
+  p.gemm = GemmPath::kWgmma;
+  p.tile_rows = s.pairs / active <= 48 ? 64 : 128;
+  p.b_rows = 256;
+  p.pingpong_down = p.tile_rows == 128 && s.intermediate <= 2048;
+  p.raster_tiles = 1024 / p.tile_rows;
+  return p;
+}
+
+}  // namespace
+
 ExpertsPlan plan_deepgemm(const ExpertsShape& s, const DeviceTraits& d) {
   if (!s.aligned16)
     throw InvalidInput("deepgemm: the hidden states and the expert weights must start on 16-byte "
@@ -185,14 +204,7 @@ ExpertsPlan plan_deepgemm(const ExpertsShape& s, const DeviceTraits& d) {
     p.gemm = GemmPath::kWgmmaFp8;
     p.b_rows = 128;
   } else {
-    // Few rows per expert (decode): 64-row tiles on one consumer warpgroup, as grouped_mm's
-    // wgmma plans; each expert's weights are still read once.
-    const int64_t active = std::max<int64_t>(1, std::min<int64_t>(s.experts, s.pairs));
-    p.gemm = GemmPath::kWgmma;
-    p.tile_rows = s.pairs / active <= 48 ? 64 : 128;
-    p.b_rows = 256;
-    p.pingpong_down = p.tile_rows == 128 && s.intermediate <= 2048;  // (grouped_mm's, measured there)
-    p.raster_tiles = 1024 / p.tile_rows;
+    p = hopper_tiles_plan(s);
   }
   check_plan(p, s, d);
   return p;
@@ -202,14 +214,8 @@ ExpertsPlan plan_sonicmoe(const ExpertsShape& s, const DeviceTraits& d) {
   if (!s.aligned16)
     throw InvalidInput("sonicmoe: the hidden states and the expert weights must start on 16-byte "
                        "boundaries (cp.async / TMA); use grouped_mm for unaligned views");
-  const int64_t active = std::max<int64_t>(1, std::min<int64_t>(s.experts, s.pairs));
-  ExpertsPlan p;
-  p.gemm = GemmPath::kWgmma;
+  ExpertsPlan p = hopper_tiles_plan(s);
   p.fused = true;
-  p.tile_rows = s.pairs / active <= 48 ? 64 : 128;
-  p.b_rows = 256;
-  p.pingpong_down = p.tile_rows == 128 && s.intermediate <= 2048;  // (grouped_mm's, measured there)
-  p.raster_tiles = 1024 / p.tile_rows;
   check_plan(p, s, d);
   return p;
 }
