@@ -239,8 +239,10 @@ __device__ __forceinline__ void staged_gate_up_epilogue(const float (&acc)[kHalv
 // straight from the hidden states, row r of a tile being token sorted_pair[row_start + r] / top_k,
 // instead of from a gathered copy in sorted order (no [P, H] copy written and read back). TMA
 // cannot gather rows on Hopper, so the whole producer warpgroup loads A with cp.async, each
-// warp instruction four whole rows (16 bytes per lane), into the stage's 128-byte swizzle (chunk c of row r at r * 128 + ((c ^ r % 8) << 4), the layout the
-// TMA box writes); rows past the tile's own and K past its end are zero-filled. Each thread's
+// warp instruction four whole rows (16 bytes per lane), into the stage's 128-byte swizzle (chunk
+// c of row r at r * 128 + ((c ^ r % 8) << 4), the layout the TMA box writes); rows past the
+// tile's own and K past its end are zero-filled (one TMA box per row was measured 3-4x slower:
+// lab/cuda/sonicmoe_gather_variants.patch). Each thread's
 // cp.async.mbarrier.arrive.noinc completes its share of the stage's "full" barrier once its copies
 // have landed (the barrier counts 128 such arrivals + the B load's expect_tx arrival), so the
 // producer never blocks on its own copies; the consumers fence the async proxy after the wait,
