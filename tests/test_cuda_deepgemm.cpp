@@ -29,6 +29,7 @@ TEST(CudaDeepGemm, SkippedInCpuOnlyBuild) { GTEST_SKIP() << "built without CUDA 
 #include "cuda/experts_backend.hpp"
 #include "cuda/experts_ops.hpp"
 #include "cuda/runtime.hpp"
+#include "support/cuda_experts_checks.hpp"
 
 using namespace moex;
 using namespace moex::test;
@@ -141,43 +142,16 @@ TEST(CudaDeepGemm, Fp8AgainstBoundedReference) {
 // device tensors: every replay equals a direct launch on that routing, bit for bit.
 TEST(CudaDeepGemm, GraphReplayEqualsDirectLaunches) {
   SKIP_WITHOUT_HOPPER();
-  for (bool fp8 : {false, true})
+  for (bool fp8 : {false, true}) {
+    const ExpertsSpec s = fp8 ? quantized_spec(QuantScheme::Kind::kFp8E4M3, DType::kF32, 8, 256, 128)
+                              : bf16_spec(8, 256, 128);
+    const ExpertsWeights w = fp8 ? random_quantized_experts_weights(s, 9501)
+                                 : random_experts_weights(s, DType::kBF16, 9501);
     for (int64_t T : {3, 200}) {
-      const ExpertsSpec s = fp8 ? quantized_spec(QuantScheme::Kind::kFp8E4M3, DType::kF32, 8, 256, 128)
-                                : bf16_spec(8, 256, 128);
-      const ExpertsWeights w = fp8 ? random_quantized_experts_weights(s, 9501)
-                                   : random_experts_weights(s, DType::kBF16, 9501);
-      Experts experts(s, experts_weights_to(w, Device::cuda()));
-      const Routing r0 = random_routing(s, T, 2, DType::kBF16, 9502, RoutingCase::kRandom);
-      Tensor hidden = on_gpu(r0.hidden), idx = on_gpu(r0.top_k_index), tw = on_gpu(r0.top_k_weights);
-      (void)experts.forward("deepgemm", hidden, idx, tw);  // warm: workspace cached
-      mc::synchronize();
-      cudaStream_t stream = mc::current_stream();
-      cudaGraph_t graph = nullptr;
-      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-      Tensor out = experts.forward("deepgemm", hidden, idx, tw);
-      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-      cudaGraphExec_t exec = nullptr;
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-      for (int round = 0; round < 3; ++round) {
-        const RoutingCase rc = round == 0 ? RoutingCase::kDuplicates
-                               : round == 1 ? RoutingCase::kSentinels
-                                            : RoutingCase::kEmptyExperts;
-        const Routing r = random_routing(s, T, 2, DType::kBF16, 9510 + round, rc);
-        for (auto [dst, src] : {std::pair<Tensor*, const Tensor*>{&hidden, &r.hidden},
-                                {&idx, &r.top_k_index}, {&tw, &r.top_k_weights}})
-          mc::copy_bytes(dst->raw(), dst->device(), src->raw(), Device::cpu(), dst->nbytes());
-        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-        mc::synchronize();
-        const Tensor replayed = out.to(Device::cpu());
-        const Tensor direct = experts.forward("deepgemm", hidden, idx, tw).to(Device::cpu());
-        ASSERT_EQ(replayed.nbytes(), direct.nbytes());
-        EXPECT_EQ(std::memcmp(replayed.raw(), direct.raw(), direct.nbytes()), 0)
-            << "fp8=" << fp8 << " T=" << T << " round " << round;
-      }
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
+      SCOPED_TRACE(fp8 ? "fp8" : "bf16");
+      expect_graph_replay_equals_direct("deepgemm", s, w, T, 9501);
     }
+  }
 }
 
 // What a user meets on the H200 when deepgemm cannot run the call: one Unsupported / InvalidInput
@@ -214,14 +188,6 @@ TEST(CudaDeepGemm, RefusedOffHopper) {
   EXPECT_NE(why.find("compute capability"), std::string::npos) << why;
 }
 
-std::unique_ptr<CausalLM> load(const std::string& dir, DType dtype, const std::string& backend) {
-  LoadOptions o;
-  o.dtype = dtype;
-  o.device = Device::cuda();
-  o.experts_implementation = {{"", backend}};
-  return from_pretrained(data_path(dir), o);
-}
-
 // The transformers fixtures through deepgemm on the GPU: bf16 models within the bf16 tolerance
 // of transformers' logits and of grouped_mm on the same GPU.
 TEST(CudaDeepGemmModels, Bf16FixturesMatchTransformers) {
@@ -230,8 +196,8 @@ TEST(CudaDeepGemmModels, Bf16FixturesMatchTransformers) {
     auto ref = SafetensorsFile::open(data_path(std::string("hf-tiny/") + model + "/reference.safetensors"));
     const Tensor ids = ref->get("input_ids");
     const std::string dir = std::string("hf-tiny/") + model + "/checkpoint_bf16";
-    const Tensor d = load(dir, DType::kBF16, "deepgemm")->logits(ids).to(Device::cpu());
-    const Tensor g = load(dir, DType::kBF16, "grouped_mm")->logits(ids).to(Device::cpu());
+    const Tensor d = load_on_gpu(dir, DType::kBF16, "deepgemm")->logits(ids).to(Device::cpu());
+    const Tensor g = load_on_gpu(dir, DType::kBF16, "grouped_mm")->logits(ids).to(Device::cpu());
     const double tol = 8.0 * std::ldexp(1.0, -8);
     const double e_tf = rel_l2_error(d, ref->get("logits_bf16_eager")), e_g = rel_l2_error(d, g);
     std::printf("%s deepgemm bf16: rel L2 %.3g to transformers, %.3g to grouped_mm\n", model, e_tf, e_g);
@@ -252,8 +218,8 @@ TEST(CudaDeepGemmModels, Fp8CheckpointsOnTheQuantizedPath) {
     auto dq = SafetensorsFile::open(data_path(base + "/dequantized_reference.safetensors"));
     auto ref = SafetensorsFile::open(data_path(base + "/reference.safetensors"));
     const Tensor ids = ref->get("input_ids");
-    const Tensor d = load(base + "/checkpoint", DType::kBF16, "deepgemm")->logits(ids).to(Device::cpu());
-    const Tensor b = load(base + "/checkpoint", DType::kBF16, "batched_mm")->logits(ids).to(Device::cpu());
+    const Tensor d = load_on_gpu(base + "/checkpoint", DType::kBF16, "deepgemm")->logits(ids).to(Device::cpu());
+    const Tensor b = load_on_gpu(base + "/checkpoint", DType::kBF16, "batched_mm")->logits(ids).to(Device::cpu());
     const double e_b = rel_l2_error(d, b), e_tf = rel_l2_error(d, dq->get("logits_fp32_fake_quant"));
     const double b_tf = rel_l2_error(b, dq->get("logits_fp32_fake_quant"));
     std::printf("%s bf16: deepgemm to batched_mm %.3g; to transformers' fake-quantized fp32: deepgemm %.3g, "
@@ -261,7 +227,7 @@ TEST(CudaDeepGemmModels, Fp8CheckpointsOnTheQuantizedPath) {
     EXPECT_LE(e_b, 8.0 * std::ldexp(1.0, -8)) << fixture;
   }
   try {
-    (void)load("hf-tiny/deepseek_v3_fp4_experts_ue8m0/checkpoint", DType::kBF16, "deepgemm");
+    (void)load_on_gpu("hf-tiny/deepseek_v3_fp4_experts_ue8m0/checkpoint", DType::kBF16, "deepgemm");
     ADD_FAILURE() << "deepgemm accepted FP4 experts on Hopper";
   } catch (const Unsupported& e) {
     EXPECT_NE(std::string(e.what()).find("FP4"), std::string::npos) << e.what();

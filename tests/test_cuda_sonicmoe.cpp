@@ -30,6 +30,7 @@ TEST(CudaSonicMoe, SkippedInCpuOnlyBuild) { GTEST_SKIP() << "built without CUDA 
 #include "cuda/experts_backend.hpp"
 #include "cuda/experts_ops.hpp"
 #include "cuda/runtime.hpp"
+#include "support/cuda_experts_checks.hpp"
 
 using namespace moex;
 using namespace moex::test;
@@ -153,38 +154,9 @@ TEST(CudaSonicMoe, HarnessDetectsAPerturbedWeight) {
 // device tensors: every replay equals a direct launch on that routing, bit for bit.
 TEST(CudaSonicMoe, GraphReplayEqualsDirectLaunches) {
   SKIP_WITHOUT_HOPPER();
-  for (int64_t T : {3, 200}) {
-    const ExpertsSpec s = gated_spec(8, 256, 128);
-    Experts experts(s, experts_weights_to(random_experts_weights(s, DType::kBF16, 9901), Device::cuda()));
-    const Routing r0 = random_routing(s, T, 2, DType::kBF16, 9902, RoutingCase::kRandom);
-    Tensor hidden = on_gpu(r0.hidden), idx = on_gpu(r0.top_k_index), tw = on_gpu(r0.top_k_weights);
-    (void)experts.forward("sonicmoe", hidden, idx, tw);  // warm: workspace cached
-    mc::synchronize();
-    cudaStream_t stream = mc::current_stream();
-    cudaGraph_t graph = nullptr;
-    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    Tensor out = experts.forward("sonicmoe", hidden, idx, tw);
-    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    for (int round = 0; round < 3; ++round) {
-      const RoutingCase rc = round == 0 ? RoutingCase::kDuplicates
-                             : round == 1 ? RoutingCase::kSentinels
-                                          : RoutingCase::kEmptyExperts;
-      const Routing r = random_routing(s, T, 2, DType::kBF16, 9910 + round, rc);
-      for (auto [dst, src] : {std::pair<Tensor*, const Tensor*>{&hidden, &r.hidden}, {&idx, &r.top_k_index},
-                              {&tw, &r.top_k_weights}})
-        mc::copy_bytes(dst->raw(), dst->device(), src->raw(), Device::cpu(), dst->nbytes());
-      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-      mc::synchronize();
-      const Tensor replayed = out.to(Device::cpu());
-      const Tensor direct = experts.forward("sonicmoe", hidden, idx, tw).to(Device::cpu());
-      ASSERT_EQ(replayed.nbytes(), direct.nbytes());
-      EXPECT_EQ(std::memcmp(replayed.raw(), direct.raw(), direct.nbytes()), 0) << "T=" << T << " round " << round;
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-  }
+  const ExpertsSpec s = gated_spec(8, 256, 128);
+  const ExpertsWeights w = random_experts_weights(s, DType::kBF16, 9901);
+  for (int64_t T : {3, 200}) expect_graph_replay_equals_direct("sonicmoe", s, w, T, 9901);
 }
 
 // What a user meets on the H200 when sonicmoe cannot run the call: one Unsupported naming the
@@ -223,14 +195,6 @@ TEST(CudaSonicMoe, RefusedOffHopper) {
   EXPECT_NE(why.find("compute capability"), std::string::npos) << why;
 }
 
-std::unique_ptr<CausalLM> load(const std::string& dir, DType dtype, const std::string& backend) {
-  LoadOptions o;
-  o.dtype = dtype;
-  o.device = Device::cuda();
-  o.experts_implementation = {{"", backend}};
-  return from_pretrained(data_path(dir), o);
-}
-
 // The transformers fixtures through sonicmoe on the GPU: bf16 models within the bf16 tolerance
 // of transformers' logits and of grouped_mm on the same GPU; gpt-oss (clamped SwiGLU) refused.
 TEST(CudaSonicMoeModels, Bf16FixturesMatchTransformers) {
@@ -239,8 +203,8 @@ TEST(CudaSonicMoeModels, Bf16FixturesMatchTransformers) {
     auto ref = SafetensorsFile::open(data_path(std::string("hf-tiny/") + model + "/reference.safetensors"));
     const Tensor ids = ref->get("input_ids");
     const std::string dir = std::string("hf-tiny/") + model + "/checkpoint_bf16";
-    const Tensor f = load(dir, DType::kBF16, "sonicmoe")->logits(ids).to(Device::cpu());
-    const Tensor g = load(dir, DType::kBF16, "grouped_mm")->logits(ids).to(Device::cpu());
+    const Tensor f = load_on_gpu(dir, DType::kBF16, "sonicmoe")->logits(ids).to(Device::cpu());
+    const Tensor g = load_on_gpu(dir, DType::kBF16, "grouped_mm")->logits(ids).to(Device::cpu());
     const double tol = 8.0 * std::ldexp(1.0, -8);
     const double e_tf = rel_l2_error(f, ref->get("logits_bf16_eager")), e_g = rel_l2_error(f, g);
     std::printf("%s sonicmoe bf16: rel L2 %.3g to transformers, %.3g to grouped_mm\n", model, e_tf, e_g);
@@ -248,7 +212,7 @@ TEST(CudaSonicMoeModels, Bf16FixturesMatchTransformers) {
     EXPECT_LE(e_g, tol) << model;
   }
   try {
-    (void)load("hf-tiny/gpt_oss/checkpoint_bf16", DType::kBF16, "sonicmoe")
+    (void)load_on_gpu("hf-tiny/gpt_oss/checkpoint_bf16", DType::kBF16, "sonicmoe")
         ->logits(SafetensorsFile::open(data_path("hf-tiny/gpt_oss/reference.safetensors"))->get("input_ids"));
     ADD_FAILURE() << "sonicmoe ran gpt-oss's clamped SwiGLU";
   } catch (const Unsupported& e) {
@@ -264,7 +228,7 @@ TEST(CudaSonicMoeModels, GraphDecodeEqualsDirectLaunches) {
   const Tensor prompt = Tensor::from_ints({5, 9, 2, 7, 1, 3, 8, 4, 6, 2, 5, 1}, {2, 6});
   const Tensor mask = Tensor::from_ints({0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 6});
   for (const char* model : {"qwen2_moe", "mixtral", "deepseek_v3"}) {
-    auto lm = load(std::string("hf-tiny/") + model + "/checkpoint_bf16", DType::kBF16, "sonicmoe");
+    auto lm = load_on_gpu(std::string("hf-tiny/") + model + "/checkpoint_bf16", DType::kBF16, "sonicmoe");
     for (bool sample : {false, true}) {
       GenerationOptions g;
       g.max_new_tokens = 12;

@@ -362,7 +362,6 @@ void sonicmoe_experts(const ExpertsArgs& a, const ExpertsPlan& plan, void* works
   // gate_up reads its A rows from the hidden states itself (no gathered copy); the activation
   // runs in its epilogue, h rounded to the element type.
   GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
-  g1.a_rows = a.tokens;  // (rows of the hidden states, which gate_up reads in place)
   launch_grouped_gemm_wgmma(g1, WgmmaConfig{plan.tile_rows, 256, false, /*gather_a=*/true}, s);
   // down writes each pair's row rounded to the element type; the combine gathers and sums them
   // per token in slot order (deterministic, no atomics).
