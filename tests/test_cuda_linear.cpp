@@ -88,6 +88,7 @@ TEST(CudaLinear, DecodeRowsAndPrefillRowsMatchFloat64) {
       {1, 2048, 2048, true}, {1, 2048, 1, false}, {1, 2048, 60, false}, {2, 5632, 2049, false},
       {3, 24, 3, true},      {4, 2056, 67, true}, {5, 8, 5, false},     {7, 1408, 130, true},
       {8, 2048, 4099, false}, {9, 2048, 33, true}, {33, 264, 70, false}, {1, 2048, 151936, false}, {1, 16384, 8200, false},
+      {1, 5632, 2049, true}, {1, 1416, 7, false}, {1, 4104, 517, true},  // one row: steps of 2048 with a partial last
       {2, 36, 9, true},  // K not a multiple of 8: cuBLASLt
   };
   uint64_t seed = 1;
