@@ -32,6 +32,7 @@
 
 #include "moex/device.hpp"
 #include "moex/dtype.hpp"
+#include "moex/expert_parallel.hpp"
 #include "moex/tensor.hpp"
 
 namespace moex {
@@ -78,6 +79,15 @@ struct LoadOptions {
   // never. The outputs are the same bits either way. Quantized shared experts and the host run
   // them in line.
   SharedExpertsStream shared_experts_stream = SharedExpertsStream::kAuto;
+  // Expert parallelism (docs/expert_parallel.md): with a communicator of N ranks, this model
+  // loads only its rank's contiguous share of every MoE layer's routed experts (E / N of them;
+  // InvalidInput when N does not divide E) and runs them with expert_parallel_forward in
+  // `ep_mode`; everything else is replicated. Every rank loads the same checkpoint with the same
+  // options and makes the same calls in the same order (its peers wait for it in each MoE layer).
+  // Host models only: the communicators built so far are in-process (make_thread_group); the
+  // device path needs an NCCL communicator that moex does not have yet. Null: no parallelism.
+  Communicator* ep_comm = nullptr;
+  ExpertParallelMode ep_mode = ExpertParallelMode::kReplicated;
 };
 
 // LoadOptions from the strings a user types ("" = the default): dtype "float32" / "bfloat16"

@@ -144,6 +144,7 @@ class DeepseekV3LM final : public DecoderLM {
     set_attention_cost(kv_lora_ + rope_dim_, 2 * heads_ * (kv_lora_ + rope_dim_ + kv_lora_));
 
     const ExpertsSpec spec = gated_experts_spec(E, H, moe_inter, activation);
+    const ExpertShard shard = expert_shard(E);
     const QuantLoad& q = quant();
 
     layers_.resize(size_t(c.num_layers));
@@ -202,7 +203,7 @@ class DeepseekV3LM final : public DecoderLM {
         L.has_shared = true;
       }
       L.experts_index = int64_t(experts_.size());
-      experts_.push_back(load_experts(ckpt, p + "mlp.experts", spec, dt, {}, info_.device, q));
+      experts_.push_back(load_experts(ckpt, p + "mlp.experts", spec, dt, {}, info_.device, q, &shard));
       info_.moe_layers.push_back(l);
     }
     finish_experts(experts_, "", E, router_.top_k, o.experts_implementation);

@@ -84,6 +84,10 @@ class GptOssLM final : public DecoderLM {
       L.router = load_linear(ckpt, p + "mlp.router", E, H, dt, /*bias=*/true, dev, false, quant());
       L.sliding_window = sliding[size_t(l)] ? window : 0;
       Experts experts = load_gpt_oss_experts(ckpt, p + "mlp.experts", E, H, I, dt, limit, kAlpha);
+      // Expert parallelism: the rank's share as views (the fused checkpoint tensors are read whole).
+      if (const ExpertShard shard = expert_shard(E); shard.size > 1)
+        experts = Experts(shard_experts_spec(experts.spec(), shard),
+                          shard_experts_weights(experts.spec(), experts.weights(), shard));
       // On a GPU, the layout its tensor-core experts kernels read (gpt_oss_layers.hpp).
       if (info_.device.is_cuda()) experts = gpt_oss_experts_row_major(experts);
       experts_.push_back(experts_to(experts, info_.device));

@@ -125,6 +125,15 @@ class DecoderLM : public CausalLM {
   // How this checkpoint's quantized weights load (quantized_weights.hpp); pass it to the loaders.
   const QuantLoad& quant() const { return quant_; }
 
+  // Expert parallelism (LoadOptions::ep_comm): the share of a layer's E routed experts this model
+  // holds (all of them without a communicator). Pass it to load_experts.
+  ExpertShard expert_shard(int64_t num_experts) const;
+  // The experts of an MoE layer on x with the router's choice: the experts call of layers.hpp, or
+  // with a communicator expert_parallel_forward over the ranks (each holding expert_shard(E)).
+  // Architectures call it unqualified, so this member is the one they reach.
+  Tensor run_experts(const Experts& experts, const std::string& backend, const Tensor& x,
+                     const Routing& routing, DType act) const;
+
   const DecoderConfig& cfg() const { return cfg_; }
   DType act() const { return info_.dtype; }
   const std::string& prefix() const { return prefix_; }  // "model." or "model.language_model."
@@ -136,6 +145,8 @@ class DecoderLM : public CausalLM {
 
   DecoderConfig cfg_;
   QuantLoad quant_;
+  Communicator* ep_comm_ = nullptr;
+  ExpertParallelMode ep_mode_ = ExpertParallelMode::kReplicated;
   std::string prefix_;
   Tensor embed_, final_norm_;
   ops::LinearWeight lm_head_;  // prepared once (packed on the host)

@@ -110,6 +110,22 @@ void check_model_target(const LoadOptions& options) {
                       " is not supported; use float32 or bfloat16");
 }
 
+ExpertShard DecoderLM::expert_shard(int64_t num_experts) const {
+  if (!ep_comm_) return make_expert_shard(num_experts, 1, 0);
+  return make_expert_shard(num_experts, ep_comm_->size(), ep_comm_->rank());
+}
+
+Tensor DecoderLM::run_experts(const Experts& experts, const std::string& backend, const Tensor& x,
+                              const Routing& routing, DType act) const {
+  if (!ep_comm_) return model::run_experts(experts, backend, x, routing, act);
+  // As model::run_experts: the experts read act values.
+  const bool widen = x.dtype() != act;
+  const Tensor h = widen ? x.to(act) : x;
+  Tensor out = expert_parallel_forward(*ep_comm_, experts, backend, expert_shard(info_.num_experts), h,
+                                       routing.top_k_index, routing.top_k_weights, ep_mode_);
+  return widen ? out.to(x.dtype()) : out;
+}
+
 DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
                      const nlohmann::json& text_config, std::string weights_prefix)
     : prefix_(std::move(weights_prefix)) {
@@ -135,6 +151,11 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
                        ", but the checkpoint has no tensor '" + last + "'");
   for (const auto& name : ckpt.names()) info_.parameter_count += shape_numel(ckpt.get(name).shape());
   quant_ = parse_quant_load(ckpt, options.dequantize);
+  ep_comm_ = options.ep_comm;
+  ep_mode_ = options.ep_mode;
+  if (ep_comm_ && !options.device.host_accessible())
+    throw Unsupported("expert parallelism runs host models only (in-process ranks); moex has no NCCL "
+                      "communicator for " + options.device.str() + " yet: load without ep_comm");
   info_.quantized_checkpoint = quant_.quantized;
   info_.dequantized = quant_.quantized && quant_.dequantize;
 

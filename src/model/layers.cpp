@@ -260,11 +260,11 @@ ExpertsSpec gated_experts_spec(int64_t num_experts, int64_t hidden, int64_t inte
 // Quantized experts kept as stored: each expert's codes and scales copied into their slices of
 // the fused tensors (quant.hpp's layout), built on the host and then copied to `device`.
 static Experts load_quantized_experts(const Checkpoint& ckpt, const std::string& prefix, ExpertsSpec spec,
-                                      const ExpertNames& names, Device device, bool fp4) {
+                                      const ExpertNames& names, Device device, bool fp4, int64_t first) {
   const int64_t E = spec.num_experts, H = spec.hidden, I = spec.intermediate;
   const std::string base = names.suffix.substr(0, names.suffix.rfind(".weight"));  // "" for ".weight"
   auto read = [&](int64_t e, const std::string& proj, int64_t n, int64_t k) {
-    return read_quantized(ckpt, prefix + "." + std::to_string(e) + "." + proj + base, n, k, fp4);
+    return read_quantized(ckpt, prefix + "." + std::to_string(first + e) + "." + proj + base, n, k, fp4);
   };
   ExpertsWeights w;
   for (int64_t e = 0; e < E; ++e) {
@@ -300,29 +300,35 @@ static Experts load_quantized_experts(const Checkpoint& ckpt, const std::string&
   return Experts(spec, std::move(w));
 }
 
-Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const ExpertsSpec& spec,
-                     DType dtype, const ExpertNames& names, Device device, const QuantLoad& quant) {
+Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const ExpertsSpec& full_spec,
+                     DType dtype, const ExpertNames& names, Device device, const QuantLoad& quant,
+                     const ExpertShard* shard) {
+  // Local expert e is global expert first + e.
+  const ExpertsSpec spec = shard ? shard_experts_spec(full_spec, *shard) : full_spec;
+  const int64_t first = shard ? shard->first : 0;
   const int64_t E = spec.num_experts, H = spec.hidden, I = spec.intermediate;
   ExpertsWeights w;
-  const std::string first = prefix + ".0." + names.gate + names.suffix.substr(0, names.suffix.rfind(".weight"));
-  const bool quantized = !ckpt.has(prefix + ".gate_up_proj") && is_quantized_weight(ckpt, first);
+  const std::string probe = prefix + "." + std::to_string(first) + "." + names.gate +
+                            names.suffix.substr(0, names.suffix.rfind(".weight"));
+  const bool quantized = !ckpt.has(prefix + ".gate_up_proj") && is_quantized_weight(ckpt, probe);
   if (quantized && !quant.quantized)
-    throw InvalidInput("tensor '" + first + ".weight_scale_inv' in " + ckpt.dir() +
+    throw InvalidInput("tensor '" + probe + ".weight_scale_inv' in " + ckpt.dir() +
                        " is a block scale, but its config.json has no quantization_config");
   if (quantized && !quant.dequantize)
-    return load_quantized_experts(ckpt, prefix, spec, names, device, quant.fp4_experts);
+    return load_quantized_experts(ckpt, prefix, spec, names, device, quant.fp4_experts, first);
   if (ckpt.has(prefix + ".gate_up_proj")) {
     if (!is_floating(ckpt.get(prefix + ".gate_up_proj").dtype()) ||
         ckpt.get(prefix + ".gate_up_proj").dtype() == DType::kF8E4M3)
       throw Unsupported("tensor '" + prefix + ".gate_up_proj' in " + ckpt.file_of(prefix + ".gate_up_proj") +
                         " is " + std::string(dtype_name(ckpt.get(prefix + ".gate_up_proj").dtype())) +
                         ": fused quantized experts are not a supported checkpoint layout");
-    w.gate_up = ckpt.get(prefix + ".gate_up_proj", {E, 2 * I, H}, dtype).to(device);
-    w.down = ckpt.get(prefix + ".down_proj", {E, H, I}, dtype).to(device);
+    const int64_t all = full_spec.num_experts;
+    w.gate_up = ckpt.get(prefix + ".gate_up_proj", {all, 2 * I, H}, dtype).slice(0, first, first + E).to(device);
+    w.down = ckpt.get(prefix + ".down_proj", {all, H, I}, dtype).slice(0, first, first + E).to(device);
     return Experts(spec, std::move(w));
   }
   const auto expert_tensor = [&](int64_t e, const std::string& proj, Shape shape) {
-    const std::string name = prefix + "." + std::to_string(e) + "." + proj + names.suffix;
+    const std::string name = prefix + "." + std::to_string(first + e) + "." + proj + names.suffix;
     if (quantized)  // dequantized at load: value x scale in float32, rounded to dtype
       return dequantize(read_quantized(ckpt, name.substr(0, name.rfind(".weight")), shape[0], shape[1],
                                        quant.fp4_experts), dtype);

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moex/checkpoint.hpp"
+#include "moex/expert_shard.hpp"
 #include "moex/experts.hpp"
 #include "moex/model.hpp"
 #include "model/quantized_weights.hpp"
@@ -163,9 +164,12 @@ struct ExpectedShapes {
 // gate_up_scale [E, 2 ceil(I/128), ceil(H/128)] with gate's scale rows then up's, down [E, H, I],
 // down_scale [E, ceil(H/128), ceil(I/128)]; FP4: int8 [E, 2I, H/2] / [E, H, I/2] with UE8M0
 // scales [E, 2I, H/32] / [E, H, I/32]) and the spec's `quant` set.
+// With `shard` (expert parallelism) only the shard's experts are read: the result holds
+// shard->count experts, global ids [first, first + count), and the other experts' tensors are
+// never touched (a rank's memory holds its share).
 Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const ExpertsSpec& spec,
                      DType dtype, const ExpertNames& names = {}, Device device = Device::cpu(),
-                     const QuantLoad& quant = QuantLoad());
+                     const QuantLoad& quant = QuantLoad(), const ExpertShard* shard = nullptr);
 // The same experts with their weights copied to `device` (unchanged when already there or when
 // `device` is the host).
 Experts experts_to(const Experts& experts, Device device);

@@ -82,6 +82,7 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
   set_attention_cost(2 * c.num_kv_heads * hd, 4 * c.num_heads * hd);
 
   const ExpertsSpec spec = gated_experts_spec(num_experts_, H, moe_I, act_fn);
+  const ExpertShard shard = expert_shard(num_experts_);
 
   layers_.resize(size_t(c.num_layers));
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -108,7 +109,7 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
     const std::string m = p + flags_.moe_block;
     if (L.moe) {
       L.router = load_linear(ckpt, m + ".gate", num_experts_, H, dt, false, dev, false, quant());
-      experts_.push_back(load_experts(ckpt, m + ".experts", spec, dt, flags_.expert_names, info_.device, quant()));
+      experts_.push_back(load_experts(ckpt, m + ".experts", spec, dt, flags_.expert_names, info_.device, quant(), &shard));
       L.experts = &experts_.back();
       if (flags_.shared_expert) {
         L.shared = load_gated_mlp(ckpt, m + ".shared_expert", H,
