@@ -1,7 +1,7 @@
 // Expert parallelism inside the models (LoadOptions::ep_comm): N in-process ranks (threads of one
 // process), each loading only its share of every MoE layer's routed experts, give each
-// architecture's single-process fp32 logits and greedy tokens (and so transformers' fixtures) in
-// both dispatch modes; each rank holds 1 / N of the experts' bytes. Refused clearly: an ep size
+// architecture's single-process fp32 logits and greedy tokens (and so transformers' fixtures),
+// quantized experts' too, in both dispatch modes; each rank holds 1 / N of the experts' bytes. Refused clearly: an ep size
 // that does not divide the number of experts, a device model (no NCCL communicator yet); a rank
 // that fails to load makes its peers fail fast instead of waiting.
 #include <gtest/gtest.h>
@@ -21,10 +21,16 @@
 namespace moex {
 namespace {
 
-const std::vector<std::string> kModels = {"qwen2_moe", "qwen3_moe", "mixtral",     "olmoe",
-                                          "deepseek_v3", "gpt_oss",  "qwen3_vl_moe"};
+// The block-quantized DeepSeek-V3 fixtures run with their experts kept as stored (FP8 codes with
+// float32 scales; FP4 nibbles with UE8M0 scales).
+const std::vector<std::string> kModels = {"qwen2_moe",   "qwen3_moe", "mixtral",      "olmoe",
+                                          "deepseek_v3", "gpt_oss",   "qwen3_vl_moe", "deepseek_v3_fp8_float",
+                                          "deepseek_v3_fp4_experts_ue8m0"};
 
-std::string checkpoint(const std::string& model) { return test::data_path("hf-tiny/" + model + "/checkpoint_fp32"); }
+std::string checkpoint(const std::string& model) {
+  const bool quantized = model.find("_fp8_") != std::string::npos || model.find("_fp4_") != std::string::npos;
+  return test::data_path("hf-tiny/" + model + (quantized ? "/checkpoint" : "/checkpoint_fp32"));
+}
 
 LoadOptions fp32_options(Communicator* comm, ExpertParallelMode mode) {
   LoadOptions o;
