@@ -103,6 +103,30 @@ constexpr std::chrono::milliseconds kDefaultCommTimeout{60000};
 std::vector<std::unique_ptr<Communicator>> make_thread_group(
     int ranks, std::chrono::milliseconds timeout = kDefaultCommTimeout);
 
+// ---- NCCL: ranks on GPUs (CUDA builds; libnccl.so.2 is opened at run time) ----
+// Collectives of device tensors (each on its rank's GPU; host tensors are copied there and back),
+// with this interface's contract: all_reduce_sum gathers every rank's tensor (ncclAllGather) and
+// adds them in rank order in float32 on the device, so every rank gets the ThreadCommunicator's
+// bits (N-fold traffic: a deterministic sum, not NCCL's ring reduction); all_to_all_v exchanges
+// the counts, then grouped ncclSend / ncclRecv; every call first all-gathers a description of
+// itself, so calls that disagree across ranks throw the same InvalidInput on every rank. A call
+// whose work does not complete on the stream within the timeout aborts the NCCL communicator
+// (ncclCommAbort) and throws CommError; so does any NCCL error. abort() aborts this rank's
+// communicator at once; its peers, which cannot be told, fail at their timeout.
+// NOT YET BOUNDED: a peer that never makes a fresh group's first call. Measured on 2 x H200, the
+// waiting rank blocked inside NCCL's call itself (NCCL connects ranks lazily, on the host, at
+// their first use), before the bounded wait starts; so "a call never hangs" holds for the thread
+// group and not yet here (the fix: non-blocking NCCL communicators polled against the timeout).
+//
+// One process, N GPUs: rank i on devices[i] (ncclCommInitAll), each communicator used by one
+// thread at a time (run_ranks). Unsupported: a build without CUDA, NCCL not found (the library
+// is looked up as libnccl.so.2, or at $MOEX_NCCL_LIBRARY), fewer than 1 device, a device that
+// does not exist.
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(
+    const std::vector<int>& devices, std::chrono::milliseconds timeout = kDefaultCommTimeout);
+// Whether make_nccl_group can work here: a CUDA build and the NCCL library found.
+bool nccl_available();
+
 // Runs fn(comm) for every communicator on its own thread and joins them. A rank whose fn throws
 // aborts the group with the exception's message, so the others fail fast instead of waiting for
 // the timeout. Returns one exception_ptr per rank (null: that rank finished).

@@ -1,0 +1,352 @@
+// NcclCommunicator: the ranks of an expert-parallel group on GPUs (moex/comm.hpp has the
+// contract). NCCL is opened at run time (dlopen), so libmoex carries no link dependency on it and
+// a machine without it gets a clear Unsupported instead of a loader error.
+//
+// Every collective is: (1) an all-gather of a fixed-size description of the call (collective,
+// dtype, element count or row shape, counts), which every rank checks the same way, so a
+// disagreement throws the same InvalidInput on every rank and leaves the group usable; (2) the
+// data movement on the current stream of the rank's device; (3) a bounded wait on that stream
+// that polls ncclCommGetAsyncError and, past the timeout, aborts the communicator.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/runtime.hpp"
+#include "moex/comm.hpp"
+
+namespace moex {
+namespace {
+
+// The NCCL entry points moex calls, looked up once.
+struct NcclApi {
+  ncclResult_t (*comm_init_all)(ncclComm_t*, int, const int*) = nullptr;
+  ncclResult_t (*all_gather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*send)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*group_start)() = nullptr;
+  ncclResult_t (*group_end)() = nullptr;
+  ncclResult_t (*async_error)(ncclComm_t, ncclResult_t*) = nullptr;
+  ncclResult_t (*abort)(ncclComm_t) = nullptr;
+  ncclResult_t (*destroy)(ncclComm_t) = nullptr;
+  const char* (*error_string)(ncclResult_t) = nullptr;
+  std::string error;  // why it could not be loaded ("" when loaded)
+};
+
+const NcclApi& nccl() {
+  static const NcclApi api = [] {
+    NcclApi a;
+    const char* env = std::getenv("MOEX_NCCL_LIBRARY");
+    void* h = env && *env ? dlopen(env, RTLD_NOW | RTLD_LOCAL) : dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      a.error = std::string("NCCL not found (") + (env && *env ? env : "libnccl.so.2") + ": " + dlerror() +
+                "); install NCCL or set MOEX_NCCL_LIBRARY to its libnccl.so.2";
+      return a;
+    }
+    auto get = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
+      if (!fn && a.error.empty()) a.error = std::string("the NCCL library lacks ") + name;
+    };
+    get(a.comm_init_all, "ncclCommInitAll");
+    get(a.all_gather, "ncclAllGather");
+    get(a.send, "ncclSend");
+    get(a.recv, "ncclRecv");
+    get(a.group_start, "ncclGroupStart");
+    get(a.group_end, "ncclGroupEnd");
+    get(a.async_error, "ncclCommGetAsyncError");
+    get(a.abort, "ncclCommAbort");
+    get(a.destroy, "ncclCommDestroy");
+    get(a.error_string, "ncclGetErrorString");
+    return a;
+  }();
+  return api;
+}
+
+// Rank-order sum of N gathered copies: out[i] = round(((0 + g[0][i]) + g[1][i]) + ...), float32
+// in between, as ThreadCommunicator adds.
+template <class T>
+__device__ __forceinline__ float widen(T v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(v);
+  else return __half2float(v);
+}
+template <class T>
+__device__ __forceinline__ T narrow(float v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(v);
+  else return __float2half_rn(v);
+}
+template <class T>
+__global__ void rank_order_sum_kernel(const T* __restrict__ gathered, T* __restrict__ out, int64_t n, int ranks) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float acc = 0.0f;
+    for (int r = 0; r < ranks; ++r) acc = __fadd_rn(acc, widen(gathered[int64_t(r) * n + i]));
+    out[i] = narrow<T>(acc);
+  }
+}
+
+enum Op : int64_t { kAllReduceSum = 1, kAllToAllV, kAllGather, kBarrier };
+const char* op_name(int64_t op) {
+  switch (op) {
+    case kAllReduceSum: return "all_reduce_sum";
+    case kAllToAllV: return "all_to_all_v";
+    case kAllGather: return "all_gather";
+    case kBarrier: return "barrier";
+  }
+  return "?";
+}
+// A call's description: op, dtype, then up to kDims shape entries (all_reduce_sum: the shape;
+// all_to_all_v: the trailing shape; all_gather: the value count), zero-padded.
+constexpr int kDims = 8;
+constexpr int kDesc = 3 + kDims;
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, int rank, int size, int device, std::chrono::milliseconds timeout)
+      : comm_(comm), rank_(rank), size_(size), device_(device), timeout_(timeout) {}
+  ~NcclCommunicator() override {
+    if (!comm_) return;
+    cuda::DeviceGuard g(device_);
+    if (aborted_.load()) return;  // (ncclCommAbort freed it)
+    nccl().destroy(comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void all_reduce_sum(Tensor& t) override {
+    cuda::DeviceGuard g(device_);
+    check_open();
+    if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16)
+      throw InvalidInput("all_reduce_sum: float32, bfloat16 or float16 tensors, got " + std::string(dtype_name(t.dtype())));
+    if (!t.is_contiguous()) throw InvalidInput("all_reduce_sum: a contiguous tensor");
+    agree(kAllReduceSum, t.dtype(), t.shape(), {});
+    if (t.numel() == 0) return;
+    const Device here = Device::cuda(device_);
+    Tensor d = t.device() == here ? t : t.to(here);
+    const int64_t n = d.numel();
+    Tensor gathered = Tensor::empty({int64_t(size_), n}, d.dtype(), here);
+    cudaStream_t s = cuda::current_stream();
+    check(nccl().all_gather(d.raw(), gathered.raw(), d.nbytes(), ncclUint8, comm_, s), "ncclAllGather");
+    if (n > 0) {
+      const int blocks = int(std::min<int64_t>((n + 255) / 256, 4096));
+      if (d.dtype() == DType::kF32)
+        rank_order_sum_kernel<float><<<blocks, 256, 0, s>>>(static_cast<const float*>(gathered.raw()),
+                                                            static_cast<float*>(d.raw()), n, size_);
+      else if (d.dtype() == DType::kBF16)
+        rank_order_sum_kernel<__nv_bfloat16><<<blocks, 256, 0, s>>>(
+            static_cast<const __nv_bfloat16*>(gathered.raw()), static_cast<__nv_bfloat16*>(d.raw()), n, size_);
+      else
+        rank_order_sum_kernel<__half><<<blocks, 256, 0, s>>>(static_cast<const __half*>(gathered.raw()),
+                                                             static_cast<__half*>(d.raw()), n, size_);
+      MOEX_CUDA_CHECK(cudaPeekAtLastError());
+    }
+    wait("all_reduce_sum");
+    if (d.raw() != t.raw()) {
+      const Tensor h = d.to(t.device());
+      std::memcpy(t.raw(), h.raw(), t.nbytes());
+    }
+  }
+
+  AllToAllResult all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts) override {
+    cuda::DeviceGuard g(device_);
+    check_open();
+    if (send.dim() < 1 || !send.is_contiguous()) throw InvalidInput("all_to_all_v: a contiguous tensor [R, ...]");
+    if (int(send_counts.size()) != size_)
+      throw InvalidInput("all_to_all_v: " + std::to_string(send_counts.size()) + " send counts for " +
+                         std::to_string(size_) + " ranks");
+    int64_t total = 0;
+    for (int64_t c : send_counts) {
+      if (c < 0) throw InvalidInput("all_to_all_v: a negative send count");
+      total += c;
+    }
+    if (total != send.size(0))
+      throw InvalidInput("all_to_all_v: send counts sum to " + std::to_string(total) + ", the tensor has " +
+                         std::to_string(send.size(0)) + " rows");
+    Shape row(send.shape().begin() + 1, send.shape().end());
+    const std::vector<int64_t> counts = agree(kAllToAllV, send.dtype(), row, send_counts);  // [N][N]
+    AllToAllResult r;
+    int64_t rows_in = 0;
+    for (int p = 0; p < size_; ++p) {
+      r.counts.push_back(counts[size_t(p * size_ + rank_)]);
+      rows_in += r.counts.back();
+    }
+    const Device here = Device::cuda(device_);
+    Shape out_shape = {rows_in};
+    out_shape.insert(out_shape.end(), row.begin(), row.end());
+    if (total == 0 && rows_in == 0) {
+      r.rows = Tensor::empty(out_shape, send.dtype(), send.device());
+      return r;
+    }
+    const Tensor d = send.device() == here || total == 0 ? send : send.to(here);
+    Tensor out = Tensor::empty(out_shape, send.dtype(), here);
+    const size_t row_bytes = size_t(shape_numel(row)) * dtype_size(send.dtype());
+    cudaStream_t s = cuda::current_stream();
+    check(nccl().group_start(), "ncclGroupStart");
+    int64_t at_send = 0, at_recv = 0;
+    for (int p = 0; p < size_; ++p) {
+      const int64_t out_rows = send_counts[size_t(p)], in_rows = r.counts[size_t(p)];
+      if (out_rows > 0)
+        check(nccl().send(static_cast<const char*>(d.raw()) + at_send * row_bytes, size_t(out_rows) * row_bytes,
+                          ncclUint8, p, comm_, s),
+              "ncclSend");
+      if (in_rows > 0)
+        check(nccl().recv(static_cast<char*>(out.raw()) + at_recv * row_bytes, size_t(in_rows) * row_bytes,
+                          ncclUint8, p, comm_, s),
+              "ncclRecv");
+      at_send += out_rows;
+      at_recv += in_rows;
+    }
+    check(nccl().group_end(), "ncclGroupEnd");
+    wait("all_to_all_v");
+    r.rows = send.device() == here || rows_in == 0 ? out : out.to(send.device());
+    if (rows_in == 0 && send.device() != here) r.rows = Tensor::empty(out_shape, send.dtype(), send.device());
+    return r;
+  }
+
+  std::vector<int64_t> all_gather(const std::vector<int64_t>& values) override {
+    cuda::DeviceGuard g(device_);
+    check_open();
+    return agree(kAllGather, DType::kI64, {int64_t(values.size())}, values);
+  }
+
+  void barrier() override {
+    cuda::DeviceGuard g(device_);
+    check_open();
+    agree(kBarrier, DType::kI64, {}, {});
+  }
+
+  void abort(const std::string& reason) noexcept override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_.load()) return;
+    reason_ = "rank " + std::to_string(rank_) + " aborted the group: " + reason;
+    aborted_.store(true);
+    try {
+      cuda::DeviceGuard g(device_);
+      nccl().abort(comm_);
+    } catch (...) {
+    }
+  }
+
+ private:
+  void check_open() {
+    if (aborted_.load()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      throw CommError("NCCL group (rank " + std::to_string(rank_) + " of " + std::to_string(size_) + "): " + reason_);
+    }
+  }
+  void fail(const std::string& why) {
+    abort(why);
+    check_open();
+  }
+  void check(ncclResult_t r, const char* what) {
+    if (r != ncclSuccess && r != ncclInProgress) fail(std::string(what) + " failed: " + nccl().error_string(r));
+  }
+
+  // Waits for the stream's work, bounded by the timeout; NCCL's asynchronous errors fail it too.
+  void wait(const char* what) {
+    cudaStream_t s = cuda::current_stream();
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      const cudaError_t e = cudaStreamQuery(s);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        fail(std::string(what) + ": " + cudaGetErrorString(e));
+      }
+      ncclResult_t async = ncclSuccess;
+      if (nccl().async_error(comm_, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
+        fail(std::string(what) + ": " + nccl().error_string(async));
+      if (std::chrono::steady_clock::now() - start > timeout_) {
+        std::ostringstream o;
+        o << what << " did not complete within " << timeout_.count() << " ms: a peer did not arrive";
+        fail(o.str());
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  // All-gathers this call's description (+ `values`, whose length must agree) and throws the same
+  // InvalidInput on every rank when they differ. Returns every rank's values, rank after rank.
+  std::vector<int64_t> agree(int64_t op, DType dtype, const Shape& shape, const std::vector<int64_t>& values) {
+    if (shape.size() > size_t(kDims)) throw InvalidInput(std::string(op_name(op)) + ": at most 8 dimensions");
+    std::vector<int64_t> desc(kDesc, 0);
+    desc[0] = op;
+    desc[1] = int64_t(dtype);
+    desc[2] = int64_t(shape.size());
+    for (size_t i = 0; i < shape.size(); ++i) desc[3 + i] = shape[i];
+    const std::vector<int64_t> all = gather_i64(desc);
+    for (int p = 1; p < size_; ++p)
+      if (!std::equal(all.begin(), all.begin() + kDesc, all.begin() + int64_t(p) * kDesc)) {
+        auto str = [&](int q) {
+          const int64_t* d = all.data() + int64_t(q) * kDesc;
+          std::ostringstream o;
+          o << "rank " << q << ": " << op_name(d[0]) << " of " << dtype_name(DType(d[1])) << " [";
+          for (int64_t i = 0; i < d[2] && i < kDims; ++i) o << (i ? ", " : "") << d[3 + i];
+          o << "]";
+          return o.str();
+        };
+        throw InvalidInput("NCCL group: the ranks' calls disagree (" + str(0) + "; " + str(p) + ")");
+      }
+    if (op == kBarrier) return {};
+    return gather_i64(values);
+  }
+
+  std::vector<int64_t> gather_i64(const std::vector<int64_t>& v) {
+    const Device here = Device::cuda(device_);
+    const int64_t n = int64_t(v.size());
+    std::vector<int64_t> out(size_t(n * size_));
+    if (n == 0) return out;
+    Tensor mine = Tensor::from_ints(v, {n}).to(here);
+    Tensor all = Tensor::empty({int64_t(size_) * n}, DType::kI64, here);
+    check(nccl().all_gather(mine.raw(), all.raw(), size_t(n), ncclInt64, comm_, cuda::current_stream()),
+          "ncclAllGather");
+    wait("all_gather");
+    const Tensor h = all.to(Device::cpu());
+    std::memcpy(out.data(), h.raw(), out.size() * sizeof(int64_t));
+    return out;
+  }
+
+  ncclComm_t comm_;
+  int rank_, size_, device_;
+  std::chrono::milliseconds timeout_;
+  std::atomic<bool> aborted_{false};
+  std::mutex mu_;
+  std::string reason_;
+};
+
+}  // namespace
+
+bool nccl_available() { return nccl().error.empty(); }
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<int>& devices,
+                                                           std::chrono::milliseconds timeout) {
+  if (devices.empty()) throw InvalidInput("make_nccl_group: no devices");
+  if (timeout.count() <= 0) throw InvalidInput("make_nccl_group: the timeout must be positive");
+  const NcclApi& api = nccl();
+  if (!api.error.empty()) throw Unsupported("make_nccl_group: " + api.error);
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  for (int d : devices)
+    if (d < 0 || d >= count)
+      throw Unsupported("make_nccl_group: no CUDA device " + std::to_string(d) + " (" + std::to_string(count) +
+                        " visible)");
+  std::vector<ncclComm_t> comms(devices.size());
+  const ncclResult_t r = api.comm_init_all(comms.data(), int(devices.size()), devices.data());
+  if (r != ncclSuccess) throw CommError(std::string("ncclCommInitAll failed: ") + api.error_string(r));
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (size_t i = 0; i < devices.size(); ++i)
+    out.push_back(std::make_unique<NcclCommunicator>(comms[i], int(i), int(devices.size()), devices[i], timeout));
+  return out;
+}
+
+}  // namespace moex

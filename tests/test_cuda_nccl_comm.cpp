@@ -1,0 +1,176 @@
+// The NCCL communicator (make_nccl_group: ranks on the GPUs of one process) against the contract
+// of moex/comm.hpp, with ThreadCommunicator as the reference: all_reduce_sum gives its bits (rank
+// order, float32, one rounding) for device and host tensors of three dtypes, all_to_all_v delivers
+// every row to its rank in sender order, all_gather / barrier, calls that disagree throw the same
+// InvalidInput on every rank and leave the group usable; (disabled, see below) a peer that never
+// arrives makes the waiting rank throw CommError within the timeout. Needs two GPUs and NCCL;
+// skips otherwise (and in builds without CUDA, where make_nccl_group says so).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "moex/comm.hpp"
+#include "moex/error.hpp"
+#include "support/test_support.hpp"
+
+namespace moex {
+namespace {
+
+constexpr int kRanks = 2;
+
+bool ready() { return test::cuda_devices() >= kRanks && nccl_available(); }
+
+std::vector<std::unique_ptr<Communicator>> nccl_group(std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  std::vector<int> devices;
+  for (int i = 0; i < kRanks; ++i) devices.push_back(i);
+  return make_nccl_group(devices, timeout);
+}
+
+void expect_no_errors(const std::vector<std::exception_ptr>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r)
+    if (errors[r]) {
+      try {
+        std::rethrow_exception(errors[r]);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << r << ": " << e.what();
+      }
+    }
+}
+
+Tensor rank_values(int rank, int64_t n, DType dt) {
+  std::mt19937 rng(uint32_t(1234 + rank));
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = u(rng);
+  return Tensor::from_floats(v, {n}).to(dt);
+}
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const Tensor h = t.to(Device::cpu());
+  std::vector<uint8_t> b(h.nbytes());
+  std::memcpy(b.data(), h.raw(), b.size());
+  return b;
+}
+
+TEST(CudaNcclComm, NoCudaBuildOrNoGpusSaySo) {
+  if (ready()) GTEST_SKIP() << "two GPUs and NCCL present";
+  EXPECT_THROW(make_nccl_group({0, 1}), Error);
+}
+
+TEST(CudaNcclComm, AllReduceSumHasTheThreadGroupsBits) {
+  if (!ready()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (bool on_device : {true, false}) {
+      const int64_t n = 1000003;  // not a multiple of anything
+      std::vector<std::vector<uint8_t>> want(kRanks), got(kRanks);
+      auto threads = make_thread_group(kRanks);
+      expect_no_errors(run_ranks(threads, [&](Communicator& c) {
+        Tensor t = rank_values(c.rank(), n, dt);
+        c.all_reduce_sum(t);
+        want[size_t(c.rank())] = bytes_of(t);
+      }));
+      auto comms = nccl_group();
+      expect_no_errors(run_ranks(comms, [&](Communicator& c) {
+        Tensor t = rank_values(c.rank(), n, dt);
+        if (on_device) t = t.to(Device::cuda(c.rank()));
+        c.all_reduce_sum(t);
+        EXPECT_EQ(t.device(), on_device ? Device::cuda(c.rank()) : Device::cpu());
+        got[size_t(c.rank())] = bytes_of(t);
+      }));
+      for (int r = 0; r < kRanks; ++r)
+        EXPECT_TRUE(got[size_t(r)] == want[size_t(r)]) << dtype_name(dt) << " device " << on_device << " rank " << r;
+    }
+}
+
+// Rank s sends s + 1 + d rows to rank d; row values encode (sender, destination, index).
+TEST(CudaNcclComm, AllToAllVDeliversRowsInSenderOrder) {
+  if (!ready()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
+  auto comms = nccl_group();
+  constexpr int64_t kCols = 5;
+  expect_no_errors(run_ranks(comms, [&](Communicator& c) {
+    const int s = c.rank();
+    std::vector<int64_t> counts;
+    std::vector<float> rows;
+    for (int d = 0; d < kRanks; ++d) {
+      counts.push_back(s + 1 + d);
+      for (int64_t i = 0; i < s + 1 + d; ++i)
+        for (int64_t k = 0; k < kCols; ++k) rows.push_back(float(s * 10000 + d * 1000 + i * 10 + k));
+    }
+    const int64_t R = int64_t(rows.size()) / kCols;
+    const Tensor send = Tensor::from_floats(rows, {R, kCols}).to(Device::cuda(s));
+    const AllToAllResult r = c.all_to_all_v(send, counts);
+    std::vector<float> want;
+    for (int p = 0; p < kRanks; ++p) {
+      EXPECT_EQ(r.counts[size_t(p)], p + 1 + s);
+      for (int64_t i = 0; i < p + 1 + s; ++i)
+        for (int64_t k = 0; k < kCols; ++k) want.push_back(float(p * 10000 + s * 1000 + i * 10 + k));
+    }
+    EXPECT_EQ(r.rows.device(), Device::cuda(s));
+    EXPECT_EQ(r.rows.to(Device::cpu()).to_float_vector(), want) << "rank " << s;
+    // Host rows come back on the host; a rank may send nothing.
+    const std::vector<int64_t> none(size_t(kRanks), 0);
+    const AllToAllResult e = c.all_to_all_v(Tensor::empty({0, kCols}, DType::kF32), none);
+    EXPECT_EQ(e.rows.size(0), 0);
+  }));
+}
+
+TEST(CudaNcclComm, AllGatherAndBarrier) {
+  if (!ready()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
+  auto comms = nccl_group();
+  expect_no_errors(run_ranks(comms, [&](Communicator& c) {
+    c.barrier();
+    const std::vector<int64_t> all = c.all_gather({int64_t(c.rank()), int64_t(c.rank()) * 7 - 3});
+    EXPECT_EQ(all, (std::vector<int64_t>{0, -3, 1, 4}));
+  }));
+}
+
+TEST(CudaNcclComm, DisagreeingCallsThrowOnEveryRankAndTheGroupStaysUsable) {
+  if (!ready()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
+  auto comms = nccl_group();
+  std::vector<std::string> what(kRanks);
+  expect_no_errors(run_ranks(comms, [&](Communicator& c) {
+    Tensor t = Tensor::zeros({c.rank() == 0 ? 4 : 5}, DType::kF32, Device::cuda(c.rank()));
+    try {
+      c.all_reduce_sum(t);
+      ADD_FAILURE() << "rank " << c.rank() << ": no error";
+    } catch (const InvalidInput& e) {
+      what[size_t(c.rank())] = e.what();
+    }
+    c.barrier();  // still usable
+  }));
+  EXPECT_EQ(what[0], what[1]);
+  EXPECT_NE(what[0].find("disagree"), std::string::npos) << what[0];
+}
+
+// Disabled: measured on 2 x H200, rank 0 blocked inside NCCL's first call on the fresh group (its
+// lazy connection setup waits for the peer on the host) and the test ran until it was killed; the
+// bounded wait does not cover that yet (moex/comm.hpp). Run it with --gtest_also_run_disabled_tests
+// once the communicators are non-blocking.
+TEST(CudaNcclComm, DISABLED_APeerThatNeverArrivesTimesOut) {
+  if (!ready()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
+  auto comms = nccl_group(std::chrono::milliseconds(1500));
+  const auto start = std::chrono::steady_clock::now();
+  std::string what;
+  const auto errors = run_ranks(comms, [&](Communicator& c) {
+    if (c.rank() == 1) return;  // never arrives
+    try {
+      c.barrier();
+    } catch (const CommError& e) {
+      what = e.what();
+    }
+  });
+  expect_no_errors(errors);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_NE(what.find("did not complete within 1500 ms"), std::string::npos) << what;
+  // The group is aborted: a later call fails at once. (Rank 1's side is aborted too, so that no
+  // communicator is torn down waiting for a peer.)
+  EXPECT_THROW(comms[0]->barrier(), CommError);
+  comms[1]->abort("the test is over");
+}
+
+}  // namespace
+}  // namespace moex
