@@ -142,6 +142,34 @@ TEST_F(Cli, LogitsMatchTransformers) {
   }
 }
 
+// --ep-size N: the model's experts split over N in-process ranks, rank 0 printing: the same
+// greedy tokens as transformers in both modes (generate, and a text-free logits run), one clear
+// error for an ep size that does not divide the experts, a bad mode, or a mode without a size.
+TEST_F(Cli, ExpertParallelRanksGiveTransformersTokensAndLogits) {
+  auto ref = reference("qwen2_moe");
+  const auto greedy = ref->get("greedy_fp32").to_int_vector();
+  const auto prompt = std::vector<int64_t>(greedy.begin(), greedy.begin() + 11);
+  for (const char* mode : {"replicated", "all-to-all"}) {
+    Result r = run("generate --model " + model("qwen2_moe") + " --prompt-ids " + join(prompt) +
+                   " --max-new-tokens 12 --ep-size 2 --ep-mode " + mode);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["sequences"][0].get<std::vector<int64_t>>(), greedy) << mode;
+  }
+  auto mix = reference("mixtral");
+  const std::string in = tmp_ + "/in.safetensors", out = tmp_ + "/out.safetensors";
+  save_safetensors(in, {{"input_ids", mix->get("input_ids")}});
+  Result r = run("logits --model " + model("mixtral") + " --inputs " + in + " --out " + out +
+                 " --experts-implementation grouped_mm --ep-size 4 --ep-mode all-to-all");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one summary line, from the lead: " << r.out;
+  EXPECT_LE(test::rel_l2_error(SafetensorsFile::open(out)->get("logits"), mix->get("logits_fp32_grouped_mm")), 1e-4);
+  const std::string base = "generate --model " + model("mixtral") + " --prompt-ids 1,2,3 ";
+  expect_clean_error(base + "--ep-size 3", "ep_size must divide the number of experts");
+  expect_clean_error(base + "--ep-size 2 --ep-mode sideways", "--ep-mode must be replicated or all-to-all");
+  expect_clean_error(base + "--ep-mode all-to-all", "--ep-mode needs --ep-size");
+  expect_clean_error(base + "--ep-size 0", "--ep-size must be between 1 and 1024");
+}
+
 // Prompts of different lengths ("a;b;c"): left-padded with the model's pad token and masked, so
 // each row, padding dropped, is what transformers generated for it in a padded batch
 // (padded_reference.safetensors; qwen2_moe has no stop token, so every row runs all steps).

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "moex/comm.hpp"
 #include "moex/error.hpp"
 
 namespace moex::cli {
@@ -190,6 +191,51 @@ LoadOptions load_options(const Args& a) {
   else if (side == "off") o.shared_experts_stream = SharedExpertsStream::kOff;
   else throw InvalidInput("--shared-experts-stream must be auto, on or off, got '" + side + "'");
   return o;
+}
+
+std::vector<Flag> ep_flags() {
+  return {
+      {"ep-size", "N", "expert parallelism: N ranks (threads here), each holding 1/N of the routed "
+                       "experts (host models)"},
+      {"ep-mode", "MODE", "replicated (default: every rank runs all tokens on its experts, outputs "
+                          "summed) or all-to-all (rows dispatched to the experts' ranks)"},
+  };
+}
+
+void run_ep_ranks(const Args& a, const LoadOptions& options,
+                  const std::function<void(LoadOptions&, bool lead)>& body) {
+  const int64_t n = a.get_int("ep-size", 1);
+  const std::string mode = a.get_or("ep-mode", "replicated");
+  if (mode != "replicated" && mode != "all-to-all")
+    throw InvalidInput("--ep-mode must be replicated or all-to-all, got '" + mode + "'");
+  if (n < 1 || n > 1024) throw InvalidInput("--ep-size must be between 1 and 1024, got " + std::to_string(n));
+  if (n == 1) {
+    if (a.has("ep-mode")) throw InvalidInput("--ep-mode needs --ep-size N with N > 1");
+    LoadOptions o = options;
+    body(o, true);
+    return;
+  }
+  const auto comms = make_thread_group(int(n));
+  const auto errors = run_ranks(comms, [&](Communicator& c) {
+    LoadOptions o = options;
+    o.ep_comm = &c;
+    o.ep_mode = mode == "all-to-all" ? ExpertParallelMode::kAllToAll : ExpertParallelMode::kReplicated;
+    body(o, c.rank() == 0);
+  });
+  // The error to report: a rank's own, before the CommErrors its abort caused in the others.
+  std::exception_ptr first, own;
+  for (const auto& e : errors) {
+    if (!e) continue;
+    if (!first) first = e;
+    try {
+      std::rethrow_exception(e);
+    } catch (const CommError&) {
+    } catch (...) {
+      if (!own) own = e;
+    }
+  }
+  if (own) std::rethrow_exception(own);
+  if (first) std::rethrow_exception(first);
 }
 
 std::vector<Flag> decode_flags() {

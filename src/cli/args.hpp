@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -72,6 +73,16 @@ std::vector<Flag> load_flags();
 // The LoadOptions those flags give (make_load_options + --dequantize).
 LoadOptions load_options(const Args& a);
 std::vector<Flag> decode_flags();
+// --ep-size N and --ep-mode (moex generate, moex logits): expert parallelism over N in-process
+// ranks (threads), each model holding 1 / N of every MoE layer's routed experts
+// (LoadOptions::ep_comm; docs/expert_parallel.md). Host models only.
+std::vector<Flag> ep_flags();
+// Runs body(options, lead) on the --ep-size ranks, each with its communicator in options, rank 0
+// as the lead (the one that prints), and joins them; a rank's failure aborts the others and is
+// rethrown (the first rank's own error, not a peer's abort). Without --ep-size, or with 1, runs
+// body(options, true) here.
+void run_ep_ranks(const Args& a, const LoadOptions& options,
+                  const std::function<void(LoadOptions&, bool lead)>& body);
 // --graph on|off and --decode-switch auto|on|off (moex generate, moex bench generate) into g.
 void apply_decode_flags(const Args& a, moex::GenerationOptions& g);
 

@@ -117,6 +117,7 @@ const Usage& generate_usage() {
                     {"json", "", "text prompt: print the JSON summary (with \"text\") instead of streaming"},
                     {"out", "FILE", "also write the int64 sequences [B, T + N] to FILE.safetensors"}});
     for (auto& f : decode_flags()) u.flags.push_back(f);
+    for (auto& f : ep_flags()) u.flags.push_back(f);
     return u;
   }();
   return usage;
@@ -180,93 +181,98 @@ int run_generate(const std::vector<std::string>& argv) {
     prompts = parse_prompts(a.require("prompt-ids"));
   }
 
-  LoadOptions o = load_options(a);
-  std::unique_ptr<CausalLM> lm;
-  {
-    LoadProgress progress(o);
-    lm = from_pretrained(dir, o);
-  }
-  const int64_t vocab = lm->info().vocab_size;
-  if (tok)
-    for (int64_t id : prompts[0])
-      if (id < 0 || id >= vocab)
-        throw InvalidInput("the prompt's token id " + std::to_string(id) + " (from " + dir +
-                           "/tokenizer.json) is outside the model's vocabulary [0, " + std::to_string(vocab) +
-                           "): the tokenizer does not belong to this checkpoint");
-  const auto [pad_id, pad_source] = pad_token(dir, *lm);
-  const int64_t B = int64_t(prompts.size());
-  int64_t T = 0;
-  for (const auto& p : prompts) T = std::max(T, int64_t(p.size()));
-  std::vector<int64_t> ids, mask, padding;
-  for (const auto& p : prompts) {
-    const int64_t n_pad = T - int64_t(p.size());
-    padding.push_back(n_pad);
-    ids.insert(ids.end(), size_t(n_pad), pad_id);
-    ids.insert(ids.end(), p.begin(), p.end());
-    mask.insert(mask.end(), size_t(n_pad), 0);
-    mask.insert(mask.end(), p.size(), 1);
-  }
-  // Checked here so that a pad id the vocabulary lacks is not reported as a prompt id.
-  if (T > 0 && *std::max_element(padding.begin(), padding.end()) > 0 && (pad_id < 0 || pad_id >= vocab))
-    throw InvalidInput("pad token id " + std::to_string(pad_id) + " (" + pad_source +
-                       ") is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  // Every rank (--ep-size) loads and generates the same; the lead alone prints.
+  run_ep_ranks(a, load_options(a), [&](LoadOptions& o, bool lead) {
+    std::unique_ptr<CausalLM> lm;
+    {
+      std::optional<LoadProgress> progress;
+      if (lead) progress.emplace(o);
+      lm = from_pretrained(dir, o);
+    }
+    GenerationOptions gr = g;
+    const int64_t vocab = lm->info().vocab_size;
+    if (tok)
+      for (int64_t id : prompts[0])
+        if (id < 0 || id >= vocab)
+          throw InvalidInput("the prompt's token id " + std::to_string(id) + " (from " + dir +
+                             "/tokenizer.json) is outside the model's vocabulary [0, " + std::to_string(vocab) +
+                             "): the tokenizer does not belong to this checkpoint");
+    const auto [pad_id, pad_source] = pad_token(dir, *lm);
+    const int64_t B = int64_t(prompts.size());
+    int64_t T = 0;
+    for (const auto& p : prompts) T = std::max(T, int64_t(p.size()));
+    std::vector<int64_t> ids, mask, padding;
+    for (const auto& p : prompts) {
+      const int64_t n_pad = T - int64_t(p.size());
+      padding.push_back(n_pad);
+      ids.insert(ids.end(), size_t(n_pad), pad_id);
+      ids.insert(ids.end(), p.begin(), p.end());
+      mask.insert(mask.end(), size_t(n_pad), 0);
+      mask.insert(mask.end(), p.size(), 1);
+    }
+    // Checked here so that a pad id the vocabulary lacks is not reported as a prompt id.
+    if (T > 0 && *std::max_element(padding.begin(), padding.end()) > 0 && (pad_id < 0 || pad_id >= vocab))
+      throw InvalidInput("pad token id " + std::to_string(pad_id) + " (" + pad_source +
+                         ") is outside the vocabulary [0, " + std::to_string(vocab) + ")");
 
-  // Text: every step's id goes through the streaming decoder; printed and flushed at once unless
-  // the summary is asked for instead.
-  std::optional<TextStream> stream;
-  if (tok) {
-    stream.emplace(*tok, g.eos_token_ids.value_or(lm->default_eos_token_ids()), [json](const std::string& piece) {
-      if (json) return;
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
-    });
-    g.on_step = [&stream](std::span<const int64_t> step_ids) { stream->step(step_ids[0]); };
-  }
-  Tensor seq = lm->generate(Tensor::from_ints(ids, {B, T}), g, Tensor::from_ints(mask, {B, T}));
-  if (stream) {
-    stream->finish();
-    if (!json) std::printf("\n");
-  }
-  if (auto out = a.get("out")) save_safetensors(*out, {{"sequences", seq}});
+    // Text: every step's id goes through the streaming decoder; printed and flushed at once unless
+    // the summary is asked for instead.
+    std::optional<TextStream> stream;
+    if (tok && lead) {
+      stream.emplace(*tok, gr.eos_token_ids.value_or(lm->default_eos_token_ids()), [json](const std::string& piece) {
+        if (json) return;
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      });
+      gr.on_step = [&stream](std::span<const int64_t> step_ids) { stream->step(step_ids[0]); };
+    }
+    Tensor seq = lm->generate(Tensor::from_ints(ids, {B, T}), gr, Tensor::from_ints(mask, {B, T}));
+    if (!lead) return;
+    if (stream) {
+      stream->finish();
+      if (!json) std::printf("\n");
+    }
+    if (auto out = a.get("out")) save_safetensors(*out, {{"sequences", seq}});
 
-  const GenerationStats& s = lm->last_generation_stats();
-  if (!json) {
-    if (isatty(fileno(stderr)))
-      std::fprintf(stderr, "moex generate: %lld prompt + %lld new tokens; %.2f s to the first, then %.1f tokens/s\n",
-                   (long long)s.prompt_tokens, (long long)s.new_tokens, s.prefill_seconds,
-                   s.new_tokens > 1 && s.decode_seconds > 0 ? double(s.new_tokens - 1) / s.decode_seconds : 0.0);
-    return 0;
-  }
-  nlohmann::json j;
-  j["model_type"] = lm->info().model_type;
-  j["dtype"] = std::string(dtype_name(lm->info().dtype));
-  j["experts_implementation"] = lm->get_experts_implementation();
-  const std::vector<int64_t> flat = seq.to_int_vector();
-  const int64_t L = seq.size(1);
-  j["sequences"] = nlohmann::json::array();
-  for (int64_t b = 0; b < B; ++b)
-    j["sequences"].push_back(std::vector<int64_t>(flat.begin() + b * L, flat.begin() + (b + 1) * L));
-  if (stream) j["text"] = stream->text();  // the continuation, as it would have been streamed
-  j["prompt_tokens"] = s.prompt_tokens;  // per sequence, padding included
-  j["padding"] = padding;                // left-padding columns of each sequence
-  j["pad_token_id"] = pad_id;
-  j["pad_token_id_source"] = pad_source;
-  j["new_tokens"] = s.new_tokens;
-  j["prepare_seconds"] = s.prepare_seconds;
-  j["graph"] = s.graph;
-  if (!s.graph_note.empty()) j["graph_note"] = s.graph_note;
-  j["load_seconds"] = lm->info().load_seconds;
-  j["load_gb_per_second"] =
-      lm->info().load_seconds > 0 ? double(lm->info().weight_bytes) / lm->info().load_seconds / 1e9 : 0.0;
-  j["prefill_seconds"] = s.prefill_seconds;
-  j["decode_seconds"] = s.decode_seconds;
-  // Decode rate: tokens after the first (which the prefill produced) over the decode time.
-  j["decode_tokens_per_second"] =
-      s.new_tokens > 1 && s.decode_seconds > 0 ? double(s.new_tokens - 1) / s.decode_seconds : 0.0;
-  j["tokens_per_second"] = s.prefill_seconds + s.decode_seconds > 0
-                               ? double(s.new_tokens) / (s.prefill_seconds + s.decode_seconds)
-                               : 0.0;
-  std::printf("%s\n", j.dump().c_str());
+    const GenerationStats& s = lm->last_generation_stats();
+    if (!json) {
+      if (isatty(fileno(stderr)))
+        std::fprintf(stderr, "moex generate: %lld prompt + %lld new tokens; %.2f s to the first, then %.1f tokens/s\n",
+                     (long long)s.prompt_tokens, (long long)s.new_tokens, s.prefill_seconds,
+                     s.new_tokens > 1 && s.decode_seconds > 0 ? double(s.new_tokens - 1) / s.decode_seconds : 0.0);
+      return;
+    }
+    nlohmann::json j;
+    j["model_type"] = lm->info().model_type;
+    j["dtype"] = std::string(dtype_name(lm->info().dtype));
+    j["experts_implementation"] = lm->get_experts_implementation();
+    const std::vector<int64_t> flat = seq.to_int_vector();
+    const int64_t L = seq.size(1);
+    j["sequences"] = nlohmann::json::array();
+    for (int64_t b = 0; b < B; ++b)
+      j["sequences"].push_back(std::vector<int64_t>(flat.begin() + b * L, flat.begin() + (b + 1) * L));
+    if (stream) j["text"] = stream->text();  // the continuation, as it would have been streamed
+    j["prompt_tokens"] = s.prompt_tokens;  // per sequence, padding included
+    j["padding"] = padding;                // left-padding columns of each sequence
+    j["pad_token_id"] = pad_id;
+    j["pad_token_id_source"] = pad_source;
+    j["new_tokens"] = s.new_tokens;
+    j["prepare_seconds"] = s.prepare_seconds;
+    j["graph"] = s.graph;
+    if (!s.graph_note.empty()) j["graph_note"] = s.graph_note;
+    j["load_seconds"] = lm->info().load_seconds;
+    j["load_gb_per_second"] =
+        lm->info().load_seconds > 0 ? double(lm->info().weight_bytes) / lm->info().load_seconds / 1e9 : 0.0;
+    j["prefill_seconds"] = s.prefill_seconds;
+    j["decode_seconds"] = s.decode_seconds;
+    // Decode rate: tokens after the first (which the prefill produced) over the decode time.
+    j["decode_tokens_per_second"] =
+        s.new_tokens > 1 && s.decode_seconds > 0 ? double(s.new_tokens - 1) / s.decode_seconds : 0.0;
+    j["tokens_per_second"] = s.prefill_seconds + s.decode_seconds > 0
+                                 ? double(s.new_tokens) / (s.prefill_seconds + s.decode_seconds)
+                                 : 0.0;
+    std::printf("%s\n", j.dump().c_str());
+  });
   return 0;
 }
 

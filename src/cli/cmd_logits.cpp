@@ -15,6 +15,20 @@
 namespace moex::cli {
 namespace {
 
+// The one-line JSON summary of a run.
+void print_summary(const CausalLM& lm, const Tensor& logits, bool masked, const std::string& out) {
+  nlohmann::json j;
+  j["model_type"] = lm.info().model_type;
+  j["dtype"] = std::string(dtype_name(lm.info().dtype));
+  j["experts_implementation"] = lm.get_experts_implementation();
+  j["logits_shape"] = logits.shape();
+  j["attention_mask"] = masked;
+  j["out"] = out;
+  // File names are bytes, JSON text is UTF-8: a name that is not valid UTF-8 is shown with
+  // U+FFFD in place of the bad bytes (the file itself was written under the name given).
+  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+}
+
 int run_logits(const std::vector<std::string>& argv) {
   static const Usage kUsage = [] {
     Usage u{"logits", "--model DIR --inputs IN.safetensors --out OUT.safetensors [flags]",
@@ -23,6 +37,7 @@ int run_logits(const std::vector<std::string>& argv) {
             load_flags()};
     u.flags.push_back({"inputs", "IN", "safetensors file with input_ids (and attention_mask)"});
     u.flags.push_back({"out", "OUT", "safetensors file to write the logits to"});
+    for (auto& f : ep_flags()) u.flags.push_back(f);
     return u;
   }();
   Args a(argv, kUsage);
@@ -32,20 +47,14 @@ int run_logits(const std::vector<std::string>& argv) {
     throw InvalidInput("'" + inputs + "' has no tensor 'input_ids' (int64 [batch, tokens])");
   Tensor ids = file->get("input_ids");
   Tensor mask = file->contains("attention_mask") ? file->get("attention_mask") : Tensor();
-  LoadOptions o = load_options(a);
-  auto lm = from_pretrained(dir, o);
-  Tensor logits = lm->logits(ids, mask);
-  save_safetensors(out, {{"logits", logits}});
-  nlohmann::json j;
-  j["model_type"] = lm->info().model_type;
-  j["dtype"] = std::string(dtype_name(lm->info().dtype));
-  j["experts_implementation"] = lm->get_experts_implementation();
-  j["logits_shape"] = logits.shape();
-  j["attention_mask"] = mask.defined();
-  j["out"] = out;
-  // File names are bytes, JSON text is UTF-8: a name that is not valid UTF-8 is shown with
-  // U+FFFD in place of the bad bytes (the file itself was written under the name given).
-  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  // Every rank (--ep-size) computes the same logits; the lead writes and prints them.
+  run_ep_ranks(a, load_options(a), [&](LoadOptions& o, bool lead) {
+    auto lm = from_pretrained(dir, o);
+    Tensor logits = lm->logits(ids, mask);
+    if (!lead) return;
+    save_safetensors(out, {{"logits", logits}});
+    print_summary(*lm, logits, mask.defined(), out);
+  });
   return 0;
 }
 
