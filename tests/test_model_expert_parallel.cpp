@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <memory>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -93,6 +94,58 @@ INSTANTIATE_TEST_SUITE_P(
       return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "_ranks_" +
              (std::get<2>(info.param) == ExpertParallelMode::kReplicated ? "replicated" : "all_to_all");
     });
+
+// The backend is chosen per call on every rank: switching it at run time (as the decode-stage
+// switch and ScopedExpertsImplementation do) keeps the ranks' logits equal to one process's.
+TEST(ModelExpertParallelBackends, SwitchedAtRunTimeOnEveryRank) {
+  auto ref = SafetensorsFile::open(test::data_path("hf-tiny/qwen3_moe/reference.safetensors"));
+  const Tensor ids = ref->get("input_ids");
+  auto comms = make_thread_group(2, std::chrono::seconds(60));
+  const auto errors = run_ranks(comms, [&](Communicator& c) {
+    auto lm = from_pretrained(checkpoint("qwen3_moe"), fp32_options(&c, ExpertParallelMode::kAllToAll));
+    for (const char* backend : {"eager", "batched_mm", "grouped_mm"}) {
+      lm->set_experts_implementation(backend);
+      const double err = test::rel_l2_error(lm->logits(ids), ref->get(std::string("logits_fp32_") + backend));
+      if (err > 1e-5) throw Error("rank " + std::to_string(c.rank()) + " " + backend + ": rel L2 " + std::to_string(err));
+    }
+  });
+  for (const auto& e : errors)
+    if (e) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        ADD_FAILURE() << ex.what();
+      }
+    }
+}
+
+// A rank that fails in the middle of generation (here: its step callback throws at the third
+// token) stops its peer, which is waiting in the next MoE layer, at once and naming it.
+TEST(ModelExpertParallelErrors, ARankThatFailsMidRunStopsItsPeers) {
+  auto ref = SafetensorsFile::open(test::data_path("hf-tiny/mixtral/reference.safetensors"));
+  auto comms = make_thread_group(2, std::chrono::seconds(60));
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = run_ranks(comms, [&](Communicator& c) {
+    auto lm = from_pretrained(checkpoint("mixtral"), fp32_options(&c, ExpertParallelMode::kReplicated));
+    GenerationOptions g;
+    g.max_new_tokens = 16;
+    int steps = 0;
+    if (c.rank() == 1)
+      g.on_step = [&](std::span<const int64_t>) {
+        if (++steps == 3) throw InvalidInput("rank 1 stops here");
+      };
+    lm->generate(ref->get("input_ids").slice(0, 0, 1).contiguous(), g);
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  ASSERT_TRUE(errors[0] && errors[1]);
+  try {
+    std::rethrow_exception(errors[0]);
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 stops here"), std::string::npos) << e.what();
+  } catch (const std::exception& e) {
+    FAIL() << "rank 0: " << e.what();
+  }
+}
 
 TEST(ModelExpertParallelErrors, EpSizeMustDivideTheExperts) {
   auto comms = make_thread_group(3, std::chrono::seconds(10));  // mixtral has 8 experts
