@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "moex/comm.hpp"
+#include "support/test_support.hpp"
 
 using namespace moex;
 using std::chrono::milliseconds;
@@ -16,15 +17,7 @@ namespace {
 // Runs fn on every rank; fails the test with each rank's exception.
 void run_ok(const std::vector<std::unique_ptr<Communicator>>& comms,
             const std::function<void(Communicator&)>& fn) {
-  const auto errors = run_ranks(comms, fn);
-  for (size_t r = 0; r < errors.size(); ++r)
-    if (errors[r]) {
-      try {
-        std::rethrow_exception(errors[r]);
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "rank " << r << ": " << e.what();
-      }
-    }
+  test::expect_no_rank_errors(run_ranks(comms, fn));
 }
 
 template <class E>

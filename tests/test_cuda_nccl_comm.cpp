@@ -30,17 +30,6 @@ std::vector<std::unique_ptr<Communicator>> nccl_group(std::chrono::milliseconds 
   return make_nccl_group(devices, timeout);
 }
 
-void expect_no_errors(const std::vector<std::exception_ptr>& errors) {
-  for (size_t r = 0; r < errors.size(); ++r)
-    if (errors[r]) {
-      try {
-        std::rethrow_exception(errors[r]);
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "rank " << r << ": " << e.what();
-      }
-    }
-}
-
 Tensor rank_values(int rank, int64_t n, DType dt) {
   std::mt19937 rng(uint32_t(1234 + rank));
   std::uniform_real_distribution<float> u(-3.0f, 3.0f);
@@ -68,13 +57,13 @@ TEST(CudaNcclComm, AllReduceSumHasTheThreadGroupsBits) {
       const int64_t n = 1000003;  // not a multiple of anything
       std::vector<std::vector<uint8_t>> want(kRanks), got(kRanks);
       auto threads = make_thread_group(kRanks);
-      expect_no_errors(run_ranks(threads, [&](Communicator& c) {
+      test::expect_no_rank_errors(run_ranks(threads, [&](Communicator& c) {
         Tensor t = rank_values(c.rank(), n, dt);
         c.all_reduce_sum(t);
         want[size_t(c.rank())] = bytes_of(t);
       }));
       auto comms = nccl_group();
-      expect_no_errors(run_ranks(comms, [&](Communicator& c) {
+      test::expect_no_rank_errors(run_ranks(comms, [&](Communicator& c) {
         Tensor t = rank_values(c.rank(), n, dt);
         if (on_device) t = t.to(Device::cuda(c.rank()));
         c.all_reduce_sum(t);
@@ -91,7 +80,7 @@ TEST(CudaNcclComm, AllToAllVDeliversRowsInSenderOrder) {
   if (!ready()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
   auto comms = nccl_group();
   constexpr int64_t kCols = 5;
-  expect_no_errors(run_ranks(comms, [&](Communicator& c) {
+  test::expect_no_rank_errors(run_ranks(comms, [&](Communicator& c) {
     const int s = c.rank();
     std::vector<int64_t> counts;
     std::vector<float> rows;
@@ -121,7 +110,7 @@ TEST(CudaNcclComm, AllToAllVDeliversRowsInSenderOrder) {
 TEST(CudaNcclComm, AllGatherAndBarrier) {
   if (!ready()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
   auto comms = nccl_group();
-  expect_no_errors(run_ranks(comms, [&](Communicator& c) {
+  test::expect_no_rank_errors(run_ranks(comms, [&](Communicator& c) {
     c.barrier();
     const std::vector<int64_t> all = c.all_gather({int64_t(c.rank()), int64_t(c.rank()) * 7 - 3});
     EXPECT_EQ(all, (std::vector<int64_t>{0, -3, 1, 4}));
@@ -132,7 +121,7 @@ TEST(CudaNcclComm, DisagreeingCallsThrowOnEveryRankAndTheGroupStaysUsable) {
   if (!ready()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
   auto comms = nccl_group();
   std::vector<std::string> what(kRanks);
-  expect_no_errors(run_ranks(comms, [&](Communicator& c) {
+  test::expect_no_rank_errors(run_ranks(comms, [&](Communicator& c) {
     Tensor t = Tensor::zeros({c.rank() == 0 ? 4 : 5}, DType::kF32, Device::cuda(c.rank()));
     try {
       c.all_reduce_sum(t);
@@ -163,7 +152,7 @@ TEST(CudaNcclComm, DISABLED_APeerThatNeverArrivesTimesOut) {
       what = e.what();
     }
   });
-  expect_no_errors(errors);
+  test::expect_no_rank_errors(errors);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
   EXPECT_NE(what.find("did not complete within 1500 ms"), std::string::npos) << what;
   // The group is aborted: a later call fails at once. (Rank 1's side is aborted too, so that no

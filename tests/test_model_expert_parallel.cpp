@@ -60,6 +60,17 @@ RankRun run_model(const std::string& model, Communicator* comm, ExpertParallelMo
   return r;
 }
 
+// A rank stopped by its peer's failure: CommError naming what the peer reported.
+void expect_stopped_by_peer(const std::exception_ptr& e, const std::string& needle) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const CommError& ex) {
+    EXPECT_NE(std::string(ex.what()).find(needle), std::string::npos) << ex.what();
+  } catch (const std::exception& ex) {
+    ADD_FAILURE() << "not stopped by its peer: " << ex.what();
+  }
+}
+
 class ModelExpertParallel
     : public ::testing::TestWithParam<std::tuple<std::string, int, ExpertParallelMode>> {};
 
@@ -69,14 +80,9 @@ TEST_P(ModelExpertParallel, RanksGiveTheSingleProcessLogitsAndTokens) {
   auto comms = make_thread_group(ranks, std::chrono::seconds(60));
   std::vector<RankRun> runs(static_cast<size_t>(ranks));
   const auto errors = run_ranks(comms, [&](Communicator& c) { runs[size_t(c.rank())] = run_model(model, &c, mode); });
+  test::expect_no_rank_errors(errors);
+  if (::testing::Test::HasFailure()) return;
   for (int r = 0; r < ranks; ++r) {
-    if (errors[size_t(r)]) {
-      try {
-        std::rethrow_exception(errors[size_t(r)]);
-      } catch (const std::exception& e) {
-        FAIL() << model << " rank " << r << ": " << e.what();
-      }
-    }
     const RankRun& got = runs[size_t(r)];
     ASSERT_EQ(got.logits.shape(), one.logits.shape());
     // float32 on the host: the ranks' partial sums (or per-slot rows) add in another order.
@@ -109,14 +115,7 @@ TEST(ModelExpertParallelBackends, SwitchedAtRunTimeOnEveryRank) {
       if (err > 1e-5) throw Error("rank " + std::to_string(c.rank()) + " " + backend + ": rel L2 " + std::to_string(err));
     }
   });
-  for (const auto& e : errors)
-    if (e) {
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& ex) {
-        ADD_FAILURE() << ex.what();
-      }
-    }
+  test::expect_no_rank_errors(errors);
 }
 
 // A rank that fails in the middle of generation (here: its step callback throws at the third
@@ -138,13 +137,7 @@ TEST(ModelExpertParallelErrors, ARankThatFailsMidRunStopsItsPeers) {
   });
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
   ASSERT_TRUE(errors[0] && errors[1]);
-  try {
-    std::rethrow_exception(errors[0]);
-  } catch (const CommError& e) {
-    EXPECT_NE(std::string(e.what()).find("rank 1 stops here"), std::string::npos) << e.what();
-  } catch (const std::exception& e) {
-    FAIL() << "rank 0: " << e.what();
-  }
+  expect_stopped_by_peer(errors[0], "rank 1 stops here");
 }
 
 TEST(ModelExpertParallelErrors, EpSizeMustDivideTheExperts) {
@@ -196,13 +189,7 @@ TEST(ModelExpertParallelErrors, ARankThatFailsToLoadStopsItsPeers) {
   });
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
   ASSERT_TRUE(errors[0] && errors[1]);
-  try {
-    std::rethrow_exception(errors[0]);
-  } catch (const CommError& e) {
-    EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
-  } catch (const std::exception& e) {
-    FAIL() << "rank 0: " << e.what();
-  }
+  expect_stopped_by_peer(errors[0], "rank 1");
 }
 
 }  // namespace

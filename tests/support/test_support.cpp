@@ -299,4 +299,15 @@ double l2_f64(const Tensor& ref) {
   return std::sqrt(s);
 }
 
+void expect_no_rank_errors(const std::vector<std::exception_ptr>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r)
+    if (errors[r]) {
+      try {
+        std::rethrow_exception(errors[r]);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << r << ": " << e.what();
+      }
+    }
+}
+
 }  // namespace moex::test

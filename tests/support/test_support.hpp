@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -95,6 +96,9 @@ std::string data_path(const std::string& relative);
 
 // CUDA devices visible to this process (0 in a CPU-only build or without a GPU).
 int cuda_devices();
+
+// run_ranks' result (moex/comm.hpp): one test failure per rank that threw, with its message.
+void expect_no_rank_errors(const std::vector<std::exception_ptr>& errors);
 
 // ---- the CLI as a user runs it ----
 struct CliResult {
