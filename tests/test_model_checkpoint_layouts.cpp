@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moex/checkpoint.hpp"
+#include "moex/comm.hpp"
 #include "moex/error.hpp"
 #include "moex/model.hpp"
 #include "moex/safetensors.hpp"
@@ -98,6 +99,31 @@ TEST_F(Layouts, PreFusedExpertsGiveTheSameLogits) {
   Tensor a = from_pretrained(fused, o)->logits(ids());
   Tensor b = from_pretrained(test::data_path("hf-tiny/olmoe/checkpoint_fp32"), o)->logits(ids());
   EXPECT_EQ(a.to_float_vector(), b.to_float_vector());
+  // Expert parallelism slices each rank's experts out of the fused tensors (float32 as stored, and
+  // converted to bfloat16 at load): two ranks give one process's logits (bfloat16: each rank's
+  // partial output rounded once more, 3e-3 measured) and hold half the bytes.
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    LoadOptions one = o;
+    one.dtype = dt;
+    auto single = from_pretrained(fused, one);
+    const Tensor want = single->logits(ids());
+    auto comms = make_thread_group(2);
+    std::vector<Tensor> got(2);
+    std::vector<int64_t> bytes(2);
+    test::expect_no_rank_errors(run_ranks(comms, [&](Communicator& c) {
+      LoadOptions r = one;
+      r.ep_comm = &c;
+      auto lm = from_pretrained(fused, r);
+      got[size_t(c.rank())] = lm->logits(ids());
+      bytes[size_t(c.rank())] = lm->info().experts_weight_bytes;
+    }));
+    for (int rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(got[size_t(rank)].defined());
+      EXPECT_LE(test::rel_l2_error(got[size_t(rank)], want), dt == DType::kF32 ? 1e-5 : 1e-2)
+          << dtype_name(dt) << " rank " << rank;
+      EXPECT_EQ(2 * bytes[size_t(rank)], single->info().experts_weight_bytes) << dtype_name(dt);
+    }
+  }
 }
 
 TEST_F(Layouts, Fp32CheckpointLoadedAsBf16EqualsTheBf16Checkpoint) {

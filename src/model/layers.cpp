@@ -322,9 +322,14 @@ Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const Ex
       throw Unsupported("tensor '" + prefix + ".gate_up_proj' in " + ckpt.file_of(prefix + ".gate_up_proj") +
                         " is " + std::string(dtype_name(ckpt.get(prefix + ".gate_up_proj").dtype())) +
                         ": fused quantized experts are not a supported checkpoint layout");
+    // The shard's experts are sliced from the mapping before any conversion or copy.
+    const auto shard_rows = [&](const std::string& name, const Shape& shape) {
+      const Tensor stored = ckpt.get(name, shape, ckpt.get(name).dtype());  // shape checked, no copy
+      return stored.slice(0, first, first + E).to(dtype).to(device);
+    };
     const int64_t all = full_spec.num_experts;
-    w.gate_up = ckpt.get(prefix + ".gate_up_proj", {all, 2 * I, H}, dtype).slice(0, first, first + E).to(device);
-    w.down = ckpt.get(prefix + ".down_proj", {all, H, I}, dtype).slice(0, first, first + E).to(device);
+    w.gate_up = shard_rows(prefix + ".gate_up_proj", {all, 2 * I, H});
+    w.down = shard_rows(prefix + ".down_proj", {all, H, I});
     return Experts(spec, std::move(w));
   }
   const auto expert_tensor = [&](int64_t e, const std::string& proj, Shape shape) {
