@@ -1,9 +1,9 @@
 // Expert parallelism inside the models (LoadOptions::ep_comm): N in-process ranks (threads of one
 // process), each loading only its share of every MoE layer's routed experts, give each
 // architecture's single-process fp32 logits and greedy tokens (and so transformers' fixtures),
-// quantized experts' too, in both dispatch modes; each rank holds 1 / N of the experts' bytes. Refused clearly: an ep size
-// that does not divide the number of experts, a device model (no NCCL communicator yet); a rank
-// that fails to load makes its peers fail fast instead of waiting.
+// quantized experts' too, in both dispatch modes; each rank holds 1 / N of the experts' bytes.
+// Refused clearly: an ep size that does not divide the number of experts, a device model (the
+// call takes host tensors); a rank that fails to load makes its peers fail fast.
 #include <gtest/gtest.h>
 
 #include <chrono>

@@ -84,8 +84,8 @@ struct LoadOptions {
   // InvalidInput when N does not divide E) and runs them with expert_parallel_forward in
   // `ep_mode`; everything else is replicated. Every rank loads the same checkpoint with the same
   // options and makes the same calls in the same order (its peers wait for it in each MoE layer).
-  // Host models only: the communicators built so far are in-process (make_thread_group); the
-  // device path needs an NCCL communicator that moex does not have yet. Null: no parallelism.
+  // Host models only: expert_parallel_forward takes host tensors (ranks from make_thread_group;
+  // make_nccl_group's GPU ranks are not wired into the models yet). Null: no parallelism.
   Communicator* ep_comm = nullptr;
   ExpertParallelMode ep_mode = ExpertParallelMode::kReplicated;
 };

@@ -208,8 +208,9 @@ class NcclCommunicator final : public Communicator {
     }
     check(nccl().group_end(), "ncclGroupEnd");
     wait("all_to_all_v");
-    r.rows = send.device() == here || rows_in == 0 ? out : out.to(send.device());
-    if (rows_in == 0 && send.device() != here) r.rows = Tensor::empty(out_shape, send.dtype(), send.device());
+    r.rows = send.device() == here ? out
+             : rows_in == 0        ? Tensor::empty(out_shape, send.dtype(), send.device())
+                                   : out.to(send.device());
     return r;
   }
 

@@ -154,8 +154,8 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
   ep_comm_ = options.ep_comm;
   ep_mode_ = options.ep_mode;
   if (ep_comm_ && !options.device.host_accessible())
-    throw Unsupported("expert parallelism runs host models only (in-process ranks); moex has no NCCL "
-                      "communicator for " + options.device.str() + " yet: load without ep_comm");
+    throw Unsupported("expert parallelism runs host models only (the expert-parallel call takes host "
+                      "tensors; " + options.device.str() + " models cannot use it yet): load without ep_comm");
   info_.quantized_checkpoint = quant_.quantized;
   info_.dequantized = quant_.quantized && quant_.dequantize;
 
