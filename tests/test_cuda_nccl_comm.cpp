@@ -2,17 +2,24 @@
 // of moex/comm.hpp, with ThreadCommunicator as the reference: all_reduce_sum gives its bits (rank
 // order, float32, one rounding) for device and host tensors of three dtypes, all_to_all_v delivers
 // every row to its rank in sender order, all_gather / barrier, calls that disagree throw the same
-// InvalidInput on every rank and leave the group usable; (disabled, see below) a peer that never
-// arrives makes the waiting rank throw CommError within the timeout. Needs two GPUs and NCCL;
-// skips otherwise (and in builds without CUDA, where make_nccl_group says so).
+// InvalidInput on every rank and leave the group usable; a peer that never arrives makes the
+// waiting rank throw CommError within the timeout; all_reduce_sum_enqueue gives the same bits as
+// stream work, also replayed from a captured CUDA graph; make_nccl_rank's ranks meet through their
+// rendezvous file (and give up on it in time). Needs two GPUs and NCCL; skips otherwise (and in
+// builds without CUDA, where make_nccl_group says so).
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include <unistd.h>
+
+#include "core/device_hooks.hpp"
 #include "moex/comm.hpp"
 #include "moex/error.hpp"
 #include "support/test_support.hpp"
@@ -135,11 +142,10 @@ TEST(CudaNcclComm, DisagreeingCallsThrowOnEveryRankAndTheGroupStaysUsable) {
   EXPECT_NE(what[0].find("disagree"), std::string::npos) << what[0];
 }
 
-// Disabled: measured on 2 x H200, rank 0 blocked inside NCCL's first call on the fresh group (its
-// lazy connection setup waits for the peer on the host) and the test ran until it was killed; the
-// bounded wait does not cover that yet (moex/comm.hpp). Run it with --gtest_also_run_disabled_tests
-// once the communicators are non-blocking.
-TEST(CudaNcclComm, DISABLED_APeerThatNeverArrivesTimesOut) {
+// Measured on 2 x H200 with blocking communicators, rank 0 blocked inside NCCL's first call on
+// the fresh group (NCCL connects the ranks lazily, on the host); the communicators are now
+// non-blocking and that connection is polled against the timeout.
+TEST(CudaNcclComm, APeerThatNeverArrivesTimesOut) {
   if (!ready()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
   auto comms = nccl_group(std::chrono::milliseconds(1500));
   const auto start = std::chrono::steady_clock::now();
@@ -159,6 +165,80 @@ TEST(CudaNcclComm, DISABLED_APeerThatNeverArrivesTimesOut) {
   // communicator is torn down waiting for a peer.)
   EXPECT_THROW(comms[0]->barrier(), CommError);
   comms[1]->abort("the test is over");
+}
+
+// The model path's all-reduce: stream work with no host synchronisation, the same bits as
+// all_reduce_sum, and capturable: replayed from a CUDA graph on each rank it sums again.
+TEST(CudaNcclComm, AllReduceSumEnqueueHasTheSameBitsAndReplaysFromAGraph) {
+  if (!ready()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
+  const int64_t n = 300007;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    std::vector<std::vector<uint8_t>> want(kRanks);
+    auto threads = make_thread_group(kRanks);
+    test::expect_no_rank_errors(run_ranks(threads, [&](Communicator& c) {
+      Tensor t = rank_values(c.rank(), n, dt);
+      c.all_reduce_sum(t);
+      want[size_t(c.rank())] = bytes_of(t);
+    }));
+    auto comms = nccl_group();
+    test::expect_no_rank_errors(run_ranks(comms, [&](Communicator& c) {
+      const Device dev = Device::cuda(c.rank());
+      EXPECT_EQ(c.device(), dev);
+      const Tensor mine = rank_values(c.rank(), n, dt).to(dev);
+      Tensor t = mine.clone();
+      c.all_reduce_sum_enqueue(t);
+      EXPECT_TRUE(bytes_of(t) == want[size_t(c.rank())]) << dtype_name(dt) << " rank " << c.rank() << ", direct";
+      // Captured after one warm run (which sums t once more), replayed on a fresh copy of mine.
+      auto graph = detail::capture_graph(dev, [&] { c.all_reduce_sum_enqueue(t); }, [] {});
+      for (int rep = 0; rep < 3; ++rep) {
+        detail::device_copy(t.raw(), dev, mine.raw(), dev, mine.nbytes());
+        graph->replay();
+        EXPECT_TRUE(bytes_of(t) == want[size_t(c.rank())]) << dtype_name(dt) << " rank " << c.rank() << ", replay " << rep;
+      }
+    }));
+  }
+  auto comms = nccl_group();
+  test::expect_no_rank_errors(run_ranks(comms, [&](Communicator& c) {
+    Tensor host = Tensor::zeros({4}, DType::kF32);
+    EXPECT_THROW(c.all_reduce_sum_enqueue(host), InvalidInput) << "a host tensor is not stream work";
+  }));
+}
+
+// One rank per process in production (moex launch); here two threads play the two processes.
+TEST(CudaNcclComm, RanksMeetThroughTheRendezvousFile) {
+  if (!ready()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
+  const std::string dir = ::testing::TempDir() + "/moex_rendezvous_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::vector<std::unique_ptr<Communicator>> comms(kRanks);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(kRanks);
+  for (int r = 0; r < kRanks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        comms[size_t(r)] = make_nccl_rank(r, kRanks, r, dir + "/id", std::chrono::seconds(30));
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(errors, std::vector<std::string>(kRanks)) << errors[0] << " / " << errors[1];
+  test::expect_no_rank_errors(run_ranks(comms, [&](Communicator& c) {
+    Tensor t = Tensor::from_floats({float(c.rank() + 1)}, {1}).to(Device::cuda(c.rank()));
+    c.all_reduce_sum(t);
+    EXPECT_EQ(t.to(Device::cpu()).to_float_vector(), std::vector<float>{3.0f});
+  }));
+  // A rank whose rank 0 never writes the file gives up within its timeout, naming the file.
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    make_nccl_rank(1, kRanks, 1, dir + "/never", std::chrono::milliseconds(300));
+    ADD_FAILURE() << "no error";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("did not write the rendezvous file"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_THROW(make_nccl_rank(2, kRanks, 0, dir + "/x"), InvalidInput);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -1,11 +1,11 @@
 // Collective communication between the ranks of an expert-parallel group.
 //
 // A Communicator is the narrow interface the expert-parallel code (moex/expert_parallel.hpp) is
-// written against: a rank, a group size and five collectives. Every rank of a group must make
-// the same calls in the same order (as with NCCL or MPI); a call returns on a rank once every
-// rank has made it. The only implementation today is ThreadCommunicator: N ranks as N threads of
-// one process, used by the tests and the CPU path. An NCCL communicator for GPUs is meant to sit
-// behind the same interface; nothing runs across GPUs yet.
+// written against: a rank, a group size, the device its collectives run on and five collectives.
+// Every rank of a group must make the same calls in the same order (as with NCCL or MPI); a call
+// returns on a rank once every rank has made it. Two implementations: ThreadCommunicator (N ranks
+// as N threads of one process: the tests and the CPU path) and the NCCL communicator (ranks on
+// GPUs, make_nccl_group / make_nccl_rank below).
 //
 // Failure is part of the contract: a call never hangs. A rank whose peers do not arrive within
 // the group's timeout gets CommError, and so does every other rank then (the group is aborted).
@@ -49,12 +49,23 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // Where this rank's collectives move data: the CPU (thread group) or this rank's GPU (NCCL).
+  // A model of expert parallelism lives on this device.
+  virtual Device device() const = 0;
 
   // In place: t = sum over ranks of t, for contiguous host tensors of float32, bfloat16 or
   // float16 with the same dtype and shape on every rank. Summed in rank order in float32, rounded
   // once (see the file-top note). InvalidInput: a dtype or shape that differs across ranks, or an
   // unsupported dtype / non-contiguous tensor.
   virtual void all_reduce_sum(Tensor& t) = 0;
+
+  // all_reduce_sum as stream work: for a contiguous tensor on device(), enqueued on the calling
+  // thread's current stream and returned from at once (no host synchronisation, so it can be
+  // captured into a CUDA graph and replayed). The same rank-order sum and bits. The caller
+  // vouches that every rank makes this call with the same dtype and shape (nothing is checked
+  // across ranks) and waits for the stream itself; a peer that never arrives then shows there,
+  // not here. The default (host groups) is all_reduce_sum itself.
+  virtual void all_reduce_sum_enqueue(Tensor& t) { all_reduce_sum(t); }
 
   // Variable all-to-all. `send` is contiguous [R, ...] with R = sum(send_counts): the first
   // send_counts[0] rows go to rank 0, the next send_counts[1] rows to rank 1, and so on. Returns
@@ -85,6 +96,7 @@ class ThreadCommunicator final : public Communicator {
   ThreadCommunicator(std::shared_ptr<struct ThreadGroup> group, int rank);
   int rank() const override { return rank_; }
   int size() const override;
+  Device device() const override { return Device::cpu(); }
   void all_reduce_sum(Tensor& t) override;
   AllToAllResult all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts) override;
   std::vector<int64_t> all_gather(const std::vector<int64_t>& values) override;
@@ -109,27 +121,40 @@ std::vector<std::unique_ptr<Communicator>> make_thread_group(
 // adds them in rank order in float32 on the device, so every rank gets the ThreadCommunicator's
 // bits (N-fold traffic: a deterministic sum, not NCCL's ring reduction); all_to_all_v exchanges
 // the counts, then grouped ncclSend / ncclRecv; every call first all-gathers a description of
-// itself, so calls that disagree across ranks throw the same InvalidInput on every rank. A call
-// whose work does not complete on the stream within the timeout aborts the NCCL communicator
-// (ncclCommAbort) and throws CommError; so does any NCCL error. abort() aborts this rank's
-// communicator at once; its peers, which cannot be told, fail at their timeout.
-// NOT YET BOUNDED: a peer that never makes a fresh group's first call. Measured on 2 x H200, the
-// waiting rank blocked inside NCCL's call itself (NCCL connects ranks lazily, on the host, at
-// their first use), before the bounded wait starts; so "a call never hangs" holds for the thread
-// group and not yet here (the fix: non-blocking NCCL communicators polled against the timeout).
+// itself, so calls that disagree across ranks throw the same InvalidInput on every rank.
+// Bounded: the communicators are non-blocking (ncclCommInitRankConfig with blocking = 0), so
+// NCCL's connection setup, which it does lazily at a group's first calls, runs in NCCL's own
+// threads while the calling rank polls it against the timeout; a call whose work does not finish
+// on the stream within the timeout, or any NCCL error, aborts the communicator (ncclCommAbort)
+// and throws CommError. abort() aborts this rank's communicator at once (from any thread: the
+// owner's next call, or its current wait, then throws CommError); peers in other processes,
+// which cannot be told, fail at their timeout or are stopped by moex launch. A GPU model whose
+// decode graph replays the enqueued all-reduce meets its communicator once more at the end of
+// each call (a barrier), so an abort during replays fails the call instead of returning what the
+// aborted collectives left. all_reduce_sum_enqueue waits for nothing (see above).
 //
-// One process, N GPUs: rank i on devices[i] (ncclCommInitAll), each communicator used by one
-// thread at a time (run_ranks). Unsupported: a build without CUDA, NCCL not found (the library
-// is looked up as libnccl.so.2, or at $MOEX_NCCL_LIBRARY), fewer than 1 device, a device that
-// does not exist.
+// One process, N GPUs: rank i on devices[i], each communicator used by one thread at a time
+// (run_ranks). Unsupported: a build without CUDA, NCCL not found (the library is looked up as
+// libnccl.so.2, or at $MOEX_NCCL_LIBRARY), no devices, a device that does not exist (named, with
+// the number visible). CommError: NCCL's initialisation failed or did not finish in time.
 std::vector<std::unique_ptr<Communicator>> make_nccl_group(
     const std::vector<int>& devices, std::chrono::milliseconds timeout = kDefaultCommTimeout);
+
+// One rank of a group whose ranks are separate processes (one per GPU, `moex launch`): rank
+// `rank` of `size` on CUDA device `device`. The ranks meet through the file `rendezvous`: rank 0
+// writes NCCL's unique id there (atomically: a temporary file renamed), the others wait for it
+// within the timeout. The file must not exist before rank 0 writes it (a fresh directory per
+// launch). InvalidInput: rank outside [0, size); otherwise as make_nccl_group, and CommError
+// when the rendezvous file does not appear in time.
+std::unique_ptr<Communicator> make_nccl_rank(int rank, int size, int device, const std::string& rendezvous,
+                                             std::chrono::milliseconds timeout = kDefaultCommTimeout);
 // Whether make_nccl_group can work here: a CUDA build and the NCCL library found.
 bool nccl_available();
 
 // Runs fn(comm) for every communicator on its own thread and joins them. A rank whose fn throws
-// aborts the group with the exception's message, so the others fail fast instead of waiting for
-// the timeout. Returns one exception_ptr per rank (null: that rank finished).
+// aborts the group with the exception's message (its own communicator, then every other one, so
+// that an NCCL rank waiting on its device for the failed rank is released too), so the others
+// fail fast instead of waiting for the timeout. Returns one exception_ptr per rank (null: that rank finished).
 std::vector<std::exception_ptr> run_ranks(const std::vector<std::unique_ptr<Communicator>>& comms,
                                           const std::function<void(Communicator&)>& fn);
 

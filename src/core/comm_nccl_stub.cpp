@@ -10,5 +10,9 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<int
   throw Unsupported("make_nccl_group: this build of moex has no CUDA (configure with -DMOEX_CUDA=ON)");
 }
 
+std::unique_ptr<Communicator> make_nccl_rank(int, int, int, const std::string&, std::chrono::milliseconds) {
+  throw Unsupported("make_nccl_rank: this build of moex has no CUDA (configure with -DMOEX_CUDA=ON)");
+}
+
 }  // namespace moex
 #endif

@@ -263,6 +263,14 @@ std::vector<std::unique_ptr<Communicator>> make_thread_group(int ranks,
 std::vector<std::exception_ptr> run_ranks(const std::vector<std::unique_ptr<Communicator>>& comms,
                                           const std::function<void(Communicator&)>& fn) {
   std::vector<std::exception_ptr> errors(comms.size());
+  // The failing rank's own communicator first (a thread group keeps that first reason), then every
+  // other: an NCCL rank cannot be told by its peer, and one waiting on the device for the failed
+  // rank (a replayed decode graph) is released only by aborting its own communicator.
+  auto abort_all = [&](size_t r, const std::string& why) {
+    comms[r]->abort(why);
+    for (size_t q = 0; q < comms.size(); ++q)
+      if (q != r) comms[q]->abort("rank " + std::to_string(r) + " failed: " + why);
+  };
   std::vector<std::thread> threads;
   threads.reserve(comms.size());
   for (size_t r = 0; r < comms.size(); ++r)
@@ -271,10 +279,10 @@ std::vector<std::exception_ptr> run_ranks(const std::vector<std::unique_ptr<Comm
         fn(*comms[r]);
       } catch (const std::exception& e) {
         errors[r] = std::current_exception();
-        comms[r]->abort(e.what());
+        abort_all(r, e.what());
       } catch (...) {
         errors[r] = std::current_exception();
-        comms[r]->abort("an exception that is not a std::exception");
+        abort_all(r, "an exception that is not a std::exception");
       }
     });
   for (auto& t : threads) t.join();
