@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -168,6 +169,45 @@ TEST_F(Cli, ExpertParallelRanksGiveTransformersTokensAndLogits) {
   expect_clean_error(base + "--ep-size 2 --ep-mode sideways", "--ep-mode must be replicated or all-to-all");
   expect_clean_error(base + "--ep-mode all-to-all", "--ep-mode needs --ep-size");
   expect_clean_error(base + "--ep-size 0", "--ep-size must be between 1 and 1024");
+}
+
+// moex launch: N processes with RANK / LOCAL_RANK / WORLD_SIZE / MOEX_RENDEZVOUS (a stand-in
+// program, MOEX_LAUNCH_PROGRAM, prints them); when one rank fails the others are stopped after
+// the grace period and the launcher exits with the failed rank's code, naming it; launched ranks
+// of a model command on the CPU are refused (one process per GPU), as is a launch without command.
+TEST_F(Cli, LaunchStartsRanksAndStopsThemWhenOneFails) {
+  struct ProgramEnv {
+    ProgramEnv() { setenv("MOEX_LAUNCH_PROGRAM", "/bin/sh", 1); }
+    ~ProgramEnv() { unsetenv("MOEX_LAUNCH_PROGRAM"); }
+  };
+  {
+    ProgramEnv env;
+    const std::string file = tmp_ + "/ranks.txt";
+    Result r = run("launch --nproc 3 -- -c 'echo \"$RANK $LOCAL_RANK $WORLD_SIZE ${MOEX_RENDEZVOUS:+set}\" >> " + file + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::vector<std::string> lines;
+    std::istringstream in(test::read_file(file));
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    std::sort(lines.begin(), lines.end());
+    EXPECT_EQ(lines, (std::vector<std::string>{"0 0 3 set", "1 1 3 set", "2 2 3 set"}));
+
+    const auto start = std::chrono::steady_clock::now();
+    r = run("launch --nproc 3 --grace 0.2 -- -c 'if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 120'");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60)) << "the sleeping ranks were stopped";
+    EXPECT_EQ(r.exit_code, 3) << r.err;
+    EXPECT_NE(r.err.find("rank 1 of 3 failed (exit code 3)"), std::string::npos) << r.err;
+
+    r = run("launch --nproc 2 --grace 0.2 -- -c 'if [ \"$RANK\" = 0 ]; then kill -9 $$; fi; sleep 120'");
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("rank 0 of 2 failed (signal"), std::string::npos) << r.err;
+  }
+  // Model commands on launched CPU ranks: every rank refuses, the launcher reports exit code 2.
+  Result r = run("launch --nproc 2 -- generate --model " + model("mixtral") + " --prompt-ids 1,2,3");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("launched ranks run on GPUs"), std::string::npos) << r.err;
+  expect_clean_error("launch --nproc 2", "missing the command to launch");
+  expect_clean_error("launch --nproc 0 -- generate", "--nproc must be between 1 and 1024");
+  expect_clean_error("launch --nproc 2 -- launch --nproc 2 -- generate", "cannot launch itself");
 }
 
 // Prompts of different lengths ("a;b;c"): left-padded with the model's pad token and masked, so

@@ -2,8 +2,9 @@
 // process), each loading only its share of every MoE layer's routed experts, give each
 // architecture's single-process fp32 logits and greedy tokens (and so transformers' fixtures),
 // quantized experts' too, in both dispatch modes; each rank holds 1 / N of the experts' bytes.
-// Refused clearly: an ep size that does not divide the number of experts, a device model (the
-// call takes host tensors); a rank that fails to load makes its peers fail fast.
+// Refused clearly: an ep size that does not divide the number of experts, a GPU model with a
+// communicator that is not on its GPU; a rank that fails to load makes its peers fail fast.
+// (GPU models across GPUs: test_cuda_model_expert_parallel.cpp.)
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -159,18 +160,19 @@ TEST(ModelExpertParallelErrors, EpSizeMustDivideTheExperts) {
   }
 }
 
-TEST(ModelExpertParallelErrors, DeviceModelsAreRefused) {
+// A GPU model needs a communicator on its own device: a host thread group is refused (without a
+// GPU the missing device is named first).
+TEST(ModelExpertParallelErrors, ADeviceModelNeedsACommunicatorOnItsDevice) {
   auto comms = make_thread_group(1, std::chrono::seconds(10));
   LoadOptions o = fp32_options(comms[0].get(), ExpertParallelMode::kReplicated);
   o.device = Device::cuda(0);
   try {
     from_pretrained(checkpoint("mixtral"), o);
     FAIL() << "no error";
-  } catch (const Unsupported& e) {
-    // Without a GPU the missing device is named first; with one, the missing NCCL communicator.
+  } catch (const Error& e) {
     const std::string what = e.what();
     EXPECT_TRUE(what.find("no CUDA device") != std::string::npos ||
-                what.find("expert parallelism runs host models only") != std::string::npos)
+                what.find("communicator runs on cpu") != std::string::npos)
         << what;
   }
 }

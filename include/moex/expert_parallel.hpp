@@ -61,15 +61,23 @@ std::vector<int64_t> combine_positions(const DispatchPlan& plan, int64_t tokens,
 
 // Runs one MoE layer's experts across the ranks of `comm` and returns the full [T, H] output (of
 // hidden's dtype) on every rank. Every rank passes the same hidden [T, H], top_k_index [T, k]
-// (global ids: int32 / int64; ids >= E are sentinels) and top_k_weights ([T, k], or [T, E] read
-// by id as in experts.hpp), and its own shard's experts (`local`: spec with num_experts =
-// shard.count, weights from shard_experts_weights). Host tensors (the communicator is in-process).
-// Throws InvalidInput (shapes, dtypes, negative ids; a shard that does not match the
-// communicator or the local experts; ranks whose T, k, H or dtype differ, named per rank),
-// Unsupported (backend), CommError (a peer failed or timed out).
+// (global ids: int32 / int64; ids >= E are sentinels) and top_k_weights ([T, k], or on the host
+// [T, E] read by id as in experts.hpp), and its own shard's experts (`local`: spec with
+// num_experts = shard.count, weights from shard_experts_weights).
+// Where: host tensors (any communicator), or tensors on comm.device() (the NCCL communicator's
+// GPU) in kReplicated: the sentinels are marked by a kernel and the sum is
+// all_reduce_sum_enqueue, so the call is stream work with no host synchronisation (a decode
+// step's CUDA graph captures it) when check_ranks is false. kAllToAll takes host tensors.
+// check_ranks: one all_gather first checks that every rank has the same T, k, H, dtype, E and
+// mode (a host synchronisation); a caller whose ranks run the same step by construction (a model)
+// may skip it.
+// Throws InvalidInput (shapes, dtypes, negative host ids; tensors on different devices or on a
+// device that is not the communicator's; a shard that does not match the communicator or the
+// local experts; with check_ranks, ranks whose T, k, H or dtype differ, named per rank),
+// Unsupported (backend; kAllToAll or [T, E] weights on a GPU), CommError (a peer failed or timed out).
 Tensor expert_parallel_forward(Communicator& comm, const Experts& local, std::string_view backend,
                                const ExpertShard& shard, const Tensor& hidden,
                                const Tensor& top_k_index, const Tensor& top_k_weights,
-                               ExpertParallelMode mode);
+                               ExpertParallelMode mode, bool check_ranks = true);
 
 }  // namespace moex

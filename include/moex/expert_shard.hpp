@@ -30,10 +30,12 @@ struct ExpertShard {
 // ep_size does not divide num_experts (naming all three).
 ExpertShard make_expert_shard(int64_t num_experts, int ep_size, int rank);
 
-// The router's ids [T, k] (int32 or int64, host) as the shard's local experts call reads them: a
-// new tensor of the same shape and dtype holding id - first for ids the shard holds and the
+// The router's ids [T, k] (int32 or int64) as the shard's local experts call reads them: a new
+// tensor of the same shape, dtype and device holding id - first for ids the shard holds and the
 // sentinel `shard.count` for every other id, including ids >= E that were sentinels already.
-// Throws InvalidInput for a negative id (naming its position) or a non-integer dtype.
+// Throws InvalidInput for a negative host id (naming its position) or a non-integer dtype. Ids on
+// a GPU are marked there by one kernel on the current stream (no host synchronisation; a negative
+// id becomes a sentinel there, undiagnosed).
 Tensor mark_sentinels(const Tensor& top_k_index, const ExpertShard& shard);
 
 // The spec of the shard's local experts: `spec` with num_experts = shard.count. Throws

@@ -84,8 +84,10 @@ struct LoadOptions {
   // InvalidInput when N does not divide E) and runs them with expert_parallel_forward in
   // `ep_mode`; everything else is replicated. Every rank loads the same checkpoint with the same
   // options and makes the same calls in the same order (its peers wait for it in each MoE layer).
-  // Host models only: expert_parallel_forward takes host tensors (ranks from make_thread_group;
-  // make_nccl_group's GPU ranks are not wired into the models yet). Null: no parallelism.
+  // Host models take any communicator (make_thread_group's ranks) and either mode. A CUDA model
+  // takes an NCCL rank on its own device (make_nccl_group / make_nccl_rank; InvalidInput for a
+  // communicator on another device) in the replicated mode (Unsupported: all-to-all): its MoE
+  // layers are then stream work, captured with the rest of a decode step. Null: no parallelism.
   Communicator* ep_comm = nullptr;
   ExpertParallelMode ep_mode = ExpertParallelMode::kReplicated;
 };
@@ -276,6 +278,9 @@ class CausalLM {
   // position of each sequence) when last_only, on the model's device in its activation storage
   // dtype (float32 on the host). Ids are already validated.
   virtual Tensor forward(model::Step& step, model::KVCache& cache, bool last_only) = 0;
+  // Called as generate() and logits() finish, their results complete (an expert-parallel GPU
+  // model meets its ranks there, see DecoderLM). Throws to fail the call.
+  virtual void finish_call() {}
 
   ModelInfo info_;
   std::vector<int64_t> eos_;

@@ -195,31 +195,107 @@ LoadOptions load_options(const Args& a) {
 
 std::vector<Flag> ep_flags() {
   return {
-      {"ep-size", "N", "expert parallelism: N ranks (threads here), each holding 1/N of the routed "
-                       "experts (host models)"},
+      {"ep-size", "N", "expert parallelism: N ranks, each holding 1/N of the routed experts (threads "
+                       "on the CPU; on GPUs rank r on cuda:r, or one process per GPU under moex launch)"},
       {"ep-mode", "MODE", "replicated (default: every rank runs all tokens on its experts, outputs "
-                          "summed) or all-to-all (rows dispatched to the experts' ranks)"},
+                          "summed) or all-to-all (rows dispatched to the experts' ranks; host models)"},
   };
 }
 
-void run_ep_ranks(const Args& a, const LoadOptions& options,
-                  const std::function<void(LoadOptions&, bool lead)>& body) {
-  const int64_t n = a.get_int("ep-size", 1);
-  const std::string mode = a.get_or("ep-mode", "replicated");
+namespace {
+
+// RANK / WORLD_SIZE / LOCAL_RANK as `moex launch` (and torchrun, mpirun wrappers) set them, with
+// the rendezvous file of moex launch. world = 0: not launched.
+struct LaunchedRank {
+  int rank = 0, world = 0, local = 0;
+  std::string rendezvous;
+};
+
+LaunchedRank launched_rank() {
+  LaunchedRank r;
+  const char* world = std::getenv("WORLD_SIZE");
+  if (!world || !*world) return r;
+  auto env_int = [](const char* name, const char* value) {
+    if (!value || !*value) throw InvalidInput(std::string("WORLD_SIZE is set but ") + name + " is not");
+    return int(parse_int(value, std::string("the environment variable ") + name));
+  };
+  r.world = env_int("WORLD_SIZE", world);
+  r.rank = env_int("RANK", std::getenv("RANK"));
+  const char* local = std::getenv("LOCAL_RANK");
+  r.local = local && *local ? env_int("LOCAL_RANK", local) : r.rank;
+  if (r.world < 1 || r.rank < 0 || r.rank >= r.world || r.local < 0)
+    throw InvalidInput("RANK " + std::to_string(r.rank) + ", LOCAL_RANK " + std::to_string(r.local) +
+                       " and WORLD_SIZE " + std::to_string(r.world) + " do not make a rank");
+  if (const char* f = std::getenv("MOEX_RENDEZVOUS")) r.rendezvous = f;
+  return r;
+}
+
+ExpertParallelMode parse_ep_mode(const std::string& mode) {
   if (mode != "replicated" && mode != "all-to-all")
     throw InvalidInput("--ep-mode must be replicated or all-to-all, got '" + mode + "'");
+  return mode == "all-to-all" ? ExpertParallelMode::kAllToAll : ExpertParallelMode::kReplicated;
+}
+
+}  // namespace
+
+void run_ep_ranks(const Args& a, const LoadOptions& options,
+                  const std::function<void(LoadOptions&, bool lead)>& body) {
+  const ExpertParallelMode mode = parse_ep_mode(a.get_or("ep-mode", "replicated"));
+  const LaunchedRank launched = launched_rank();
+  const int64_t n = a.get_int("ep-size", launched.world > 1 ? launched.world : 1);
   if (n < 1 || n > 1024) throw InvalidInput("--ep-size must be between 1 and 1024, got " + std::to_string(n));
+
+  // One process per rank (moex launch): this process is rank RANK on GPU LOCAL_RANK.
+  if (launched.world > 1) {
+    if (n != launched.world)
+      throw InvalidInput("--ep-size " + std::to_string(n) + " but " + std::to_string(launched.world) +
+                         " processes were launched (WORLD_SIZE)");
+    if (!options.device.is_cuda() || options.device.index != 0)
+      throw InvalidInput("launched ranks run on GPUs, one per process (rank r on cuda:LOCAL_RANK): give "
+                         "--device cuda; on the CPU run --ep-size N in one process instead");
+    if (launched.rendezvous.empty())
+      throw InvalidInput("WORLD_SIZE is " + std::to_string(launched.world) +
+                         " but MOEX_RENDEZVOUS (the file where the ranks meet) is not set: start the "
+                         "ranks with moex launch");
+    const auto comm = make_nccl_rank(launched.rank, launched.world, launched.local, launched.rendezvous);
+    LoadOptions o = options;
+    o.device = comm->device();
+    o.ep_comm = comm.get();
+    o.ep_mode = mode;
+    try {
+      body(o, launched.rank == 0);
+    } catch (const std::exception& e) {
+      comm->abort(e.what());
+      throw;
+    }
+    return;
+  }
   if (n == 1) {
     if (a.has("ep-mode")) throw InvalidInput("--ep-mode needs --ep-size N with N > 1");
     LoadOptions o = options;
     body(o, true);
     return;
   }
-  const auto comms = make_thread_group(int(n));
+  // N ranks in this process: threads, on the CPU or rank r on cuda:r over NCCL.
+  std::vector<std::unique_ptr<Communicator>> comms;
+  if (options.device.is_cuda()) {
+    if (options.device.index != 0)
+      throw InvalidInput("--ep-size " + std::to_string(n) + " on GPUs places rank r on cuda:r: give --device cuda");
+    std::vector<int> devices;
+    for (int r = 0; r < int(n); ++r) devices.push_back(r);
+    try {
+      comms = make_nccl_group(devices);
+    } catch (const Unsupported& e) {
+      throw Unsupported("--ep-size " + std::to_string(n) + " on GPUs: " + e.what());
+    }
+  } else {
+    comms = make_thread_group(int(n));
+  }
   const auto errors = run_ranks(comms, [&](Communicator& c) {
     LoadOptions o = options;
+    if (o.device.is_cuda()) o.device = c.device();
     o.ep_comm = &c;
-    o.ep_mode = mode == "all-to-all" ? ExpertParallelMode::kAllToAll : ExpertParallelMode::kReplicated;
+    o.ep_mode = mode;
     body(o, c.rank() == 0);
   });
   // The error to report: a rank's own, before the CommErrors its abort caused in the others.

@@ -73,14 +73,20 @@ std::vector<Flag> load_flags();
 // The LoadOptions those flags give (make_load_options + --dequantize).
 LoadOptions load_options(const Args& a);
 std::vector<Flag> decode_flags();
-// --ep-size N and --ep-mode (moex generate, moex logits): expert parallelism over N in-process
-// ranks (threads), each model holding 1 / N of every MoE layer's routed experts
-// (LoadOptions::ep_comm; docs/expert_parallel.md). Host models only.
+// --ep-size N and --ep-mode (moex generate, moex logits, moex bench generate): expert parallelism
+// over N ranks, each model holding 1 / N of every MoE layer's routed experts
+// (LoadOptions::ep_comm; docs/expert_parallel.md).
 std::vector<Flag> ep_flags();
-// Runs body(options, lead) on the --ep-size ranks, each with its communicator in options, rank 0
-// as the lead (the one that prints), and joins them; a rank's failure aborts the others and is
-// rethrown (the first rank's own error, not a peer's abort). Without --ep-size, or with 1, runs
-// body(options, true) here.
+// Runs body(options, lead) on the ranks, each with its communicator (and device) in options, rank
+// 0 as the lead (the one that prints):
+// - launched (WORLD_SIZE > 1 in the environment, as moex launch sets it with RANK, LOCAL_RANK and
+//   MOEX_RENDEZVOUS): this process is one rank, an NCCL rank on cuda:LOCAL_RANK; --ep-size, when
+//   given, must equal WORLD_SIZE; GPUs only. A failure aborts the rank's communicator and is
+//   rethrown (the launcher stops the other processes).
+// - else --ep-size N > 1: N threads here, a thread group on the CPU or an NCCL group with rank r on
+//   cuda:r (--device cuda); joined; a rank's failure aborts the others and is rethrown (the first
+//   rank's own error, not a peer's abort).
+// - else body(options, true) here.
 void run_ep_ranks(const Args& a, const LoadOptions& options,
                   const std::function<void(LoadOptions&, bool lead)>& body);
 // --graph on|off and --decode-switch auto|on|off (moex generate, moex bench generate) into g.

@@ -80,6 +80,7 @@ int run_bench_generate(const std::vector<std::string>& argv) {
             "tokens ignored), with the floor of every row from the measured bandwidth and peak.",
             load_flags()};
     for (auto& f : decode_flags()) u.flags.push_back(f);
+    for (auto& f : ep_flags()) u.flags.push_back(f);
     u.flags.insert(u.flags.end(),
                    {{"batch", "B,B", "batch sizes (default 1)"},
                     {"prompt-tokens", "P,P", "prompt lengths (default 128); rows are every (batch, prompt)"},
@@ -94,7 +95,7 @@ int run_bench_generate(const std::vector<std::string>& argv) {
   }();
   Args a(argv, kUsage);
   const std::string dir = a.require("model");
-  LoadOptions o = load_options(a);
+  const LoadOptions base = load_options(a);
   const std::vector<int64_t> batches = a.get_int_list("batch", {1});
   const std::vector<int64_t> prompts = a.get_int_list("prompt-tokens", {128});
   const int64_t new_tokens = a.get_int("new-tokens", 128);
@@ -111,172 +112,180 @@ int run_bench_generate(const std::vector<std::string>& argv) {
   g.eos_token_ids = std::vector<int64_t>{};
   apply_decode_flags(a, g);
 
-  std::fprintf(stderr, "moex bench generate: loading %s\n", dir.c_str());
-  auto lm = from_pretrained(dir, o);
-  const ModelInfo& info = lm->info();
-  const bool host = !info.device.is_cuda();
-  const std::optional<int64_t> rss_after_load = host ? proc_status_bytes("VmRSS") : std::nullopt;
-  std::fprintf(stderr, "moex bench generate: loaded %.2f GB in %.1f s", double(info.weight_bytes) / 1e9,
-               info.load_seconds);
-  if (rss_after_load) std::fprintf(stderr, ", resident %.2f GB", double(*rss_after_load) / 1e9);
-  std::fprintf(stderr, "\n");
+  // Every rank (--ep-size, moex launch) runs the same rows; the lead alone measures the ceilings
+  // and prints.
+  run_ep_ranks(a, base, [&](LoadOptions& o, bool lead) {
+    FILE* progress = lead ? stderr : nullptr;
+    auto note = [&](const char* fmt, auto... v) {
+      if (progress) std::fprintf(progress, fmt, v...);
+    };
+    note("moex bench generate: loading %s\n", dir.c_str());
+    auto lm = from_pretrained(dir, o);
+    const ModelInfo& info = lm->info();
+    const bool host = !info.device.is_cuda();
+    const std::optional<int64_t> rss_after_load = host ? proc_status_bytes("VmRSS") : std::nullopt;
+    note("moex bench generate: loaded %.2f GB in %.1f s", double(info.weight_bytes) / 1e9, info.load_seconds);
+    if (rss_after_load) note(", resident %.2f GB", double(*rss_after_load) / 1e9);
+    note("\n");
 
-  const double es = double(dtype_size(info.dtype));
-  const double dense_bytes = double(info.weight_bytes - info.experts_weight_bytes - info.embedding_bytes);
-  const double E = double(std::max<int64_t>(info.num_experts, 1)), k = double(info.experts_per_token);
-  const double moe_share = info.num_experts > 0 ? k / E : 0.0;
-  std::mt19937_64 rng(parse_seed(a.get("seed"), 0));
-  std::uniform_int_distribution<int64_t> id(0, info.vocab_size - 1);
+    const double es = double(dtype_size(info.dtype));
+    const double dense_bytes = double(info.weight_bytes - info.experts_weight_bytes - info.embedding_bytes);
+    const double E = double(std::max<int64_t>(info.num_experts, 1)), k = double(info.experts_per_token);
+    const double moe_share = info.num_experts > 0 ? k / E : 0.0;
+    std::mt19937_64 rng(parse_seed(a.get("seed"), 0));
+    std::uniform_int_distribution<int64_t> id(0, info.vocab_size - 1);
 
-  // The rows: every (batch, prompt) pair, or the --cases list "BxP,BxP" (e.g. "1x128,32x128,1x4096").
-  std::vector<std::pair<int64_t, int64_t>> cases;
-  if (auto c = a.get("cases")) {
-    for (const std::string& item : a.get_list("cases", {})) {
-      const size_t x = item.find('x');
-      if (x == std::string::npos) throw InvalidInput("--cases entries are BATCHxPROMPT, got '" + item + "'");
-      const int64_t B = parse_int(item.substr(0, x), "--cases batch"), P = parse_int(item.substr(x + 1), "--cases prompt");
-      if (B < 1 || P < 1) throw InvalidInput("--cases entries need batch and prompt >= 1, got '" + item + "'");
-      cases.emplace_back(B, P);
+    // The rows: every (batch, prompt) pair, or the --cases list "BxP,BxP" (e.g. "1x128,32x128,1x4096").
+    std::vector<std::pair<int64_t, int64_t>> cases;
+    if (auto c = a.get("cases")) {
+      for (const std::string& item : a.get_list("cases", {})) {
+        const size_t x = item.find('x');
+        if (x == std::string::npos) throw InvalidInput("--cases entries are BATCHxPROMPT, got '" + item + "'");
+        const int64_t B = parse_int(item.substr(0, x), "--cases batch"), P = parse_int(item.substr(x + 1), "--cases prompt");
+        if (B < 1 || P < 1) throw InvalidInput("--cases entries need batch and prompt >= 1, got '" + item + "'");
+        cases.emplace_back(B, P);
+      }
+    } else {
+      for (int64_t P : prompts)
+        for (int64_t B : batches) cases.emplace_back(B, P);
     }
-  } else {
-    for (int64_t P : prompts)
-      for (int64_t B : batches) cases.emplace_back(B, P);
-  }
-  struct Timed {
-    int64_t B, P;
-    double prefill_s, decode_s;
-    int64_t peak_bytes;
-    double prepare_s;  // the warm-up's: the first row packs the experts, later rows find them packed
-    bool graph;
-    bool graph_reused;  // the timed calls replayed the warm-up's decode graph (no capture)
-    std::string graph_note;
-  };
-  std::vector<Timed> timed;
+    struct Timed {
+      int64_t B, P;
+      double prefill_s, decode_s;
+      int64_t peak_bytes;
+      double prepare_s;  // the warm-up's: the first row packs the experts, later rows find them packed
+      bool graph;
+      bool graph_reused;  // the timed calls replayed the warm-up's decode graph (no capture)
+      std::string graph_note;
+    };
+    std::vector<Timed> timed;
 #if MOEX_WITH_CUDA
-  // Steady state: each row's warm-up builds its cuDNN attention graphs (a generate builds them on a
-  // thread beside its first prompt of a shape, which runs the project's flash kernel meanwhile).
-  ops::cuda::cudnn_attention_synchronous_builds(true);
+    // Steady state: each row's warm-up builds its cuDNN attention graphs (a generate builds them on a
+    // thread beside its first prompt of a shape, which runs the project's flash kernel meanwhile).
+    ops::cuda::cudnn_attention_synchronous_builds(true);
 #endif
-  for (const auto& [B, P] : cases) {
-    {
-      std::vector<int64_t> ids(size_t(B * P));
-      for (auto& v : ids) v = id(rng);
-      const Tensor input = Tensor::from_ints(ids, {B, P});
-      std::fprintf(stderr, "moex bench generate: batch %lld, prompt %lld: warm-up\n", (long long)B, (long long)P);
-      // The timed runs' options: the same cache capacity, so that every plan keyed by shape (cuDNN's
-      // attention graphs of batched prompts) is made here.
-      lm->generate(input, g);
-      const double prepare_s = lm->last_generation_stats().prepare_seconds;
-      std::fprintf(stderr, "moex bench generate: batch %lld, prompt %lld: warm-up done (experts prepared in %.2f s)\n",
-                   (long long)B, (long long)P, prepare_s);
-      std::vector<double> prefill, decode;
-      for (int64_t r = 0; r < repeats; ++r) {
+    for (const auto& [B, P] : cases) {
+      {
+        std::vector<int64_t> ids(size_t(B * P));
+        for (auto& v : ids) v = id(rng);
+        const Tensor input = Tensor::from_ints(ids, {B, P});
+        note("moex bench generate: batch %lld, prompt %lld: warm-up\n", (long long)B, (long long)P);
+        // The timed runs' options: the same cache capacity, so that every plan keyed by shape (cuDNN's
+        // attention graphs of batched prompts) is made here.
         lm->generate(input, g);
-        const GenerationStats& s = lm->last_generation_stats();
-        prefill.push_back(s.prefill_seconds);
-        decode.push_back(s.decode_seconds);
-        std::fprintf(stderr,
-                     "moex bench generate: batch %lld, prompt %lld: run %lld of %lld: prefill %.1f tok/s, "
-                     "decode %.2f tok/s\n",
-                     (long long)B, (long long)P, (long long)r + 1, (long long)repeats,
-                     s.prefill_seconds > 0 ? double(B * P) / s.prefill_seconds : 0.0,
-                     s.decode_seconds > 0 ? double(B * (new_tokens - 1)) / s.decode_seconds : 0.0);
+        const double prepare_s = lm->last_generation_stats().prepare_seconds;
+        note("moex bench generate: batch %lld, prompt %lld: warm-up done (experts prepared in %.2f s)\n",
+             (long long)B, (long long)P, prepare_s);
+        std::vector<double> prefill, decode;
+        for (int64_t r = 0; r < repeats; ++r) {
+          lm->generate(input, g);
+          const GenerationStats& s = lm->last_generation_stats();
+          prefill.push_back(s.prefill_seconds);
+          decode.push_back(s.decode_seconds);
+          note("moex bench generate: batch %lld, prompt %lld: run %lld of %lld: prefill %.1f tok/s, "
+               "decode %.2f tok/s\n",
+               (long long)B, (long long)P, (long long)r + 1, (long long)repeats,
+               s.prefill_seconds > 0 ? double(B * P) / s.prefill_seconds : 0.0,
+               s.decode_seconds > 0 ? double(B * (new_tokens - 1)) / s.decode_seconds : 0.0);
+        }
+        const GenerationStats& last = lm->last_generation_stats();
+        const int64_t peak = host ? proc_status_bytes("VmHWM").value_or(peak_memory_bytes(info.device))
+                                  : peak_memory_bytes(info.device);
+        timed.push_back({B, P, median(prefill), median(decode), peak, prepare_s, last.graph, last.graph_reused, last.graph_note});
       }
-      const GenerationStats& last = lm->last_generation_stats();
-      const int64_t peak = host ? proc_status_bytes("VmHWM").value_or(peak_memory_bytes(info.device))
-                                : peak_memory_bytes(info.device);
-      timed.push_back({B, P, median(prefill), median(decode), peak, prepare_s, last.graph, last.graph_reused, last.graph_note});
     }
-  }
-  // The ceilings last, so that their buffers do not count in the rows' peak memory.
-  const double given_bw = a.get_double("bandwidth-gbs", 0), given_peak = a.get_double("peak-tflops", 0);
-  CeilingsOptions copt;
-  copt.bandwidth = given_bw <= 0;
-  copt.peak = given_peak <= 0;
-  if (copt.bandwidth || copt.peak)
-    std::fprintf(stderr, "moex bench generate: measuring the ceilings of %s\n", info.device.str().c_str());
-  Ceilings ceil = measure_ceilings(info.device, info.dtype, copt);
-  // A given bandwidth stands for whichever one the device's floor divides by.
-  if (!copt.bandwidth) {
-    ceil.read_gbps = host ? given_bw : 0;
-    ceil.copy_gbps = host ? 0 : given_bw;
-  }
-  if (!copt.peak) ceil.peak_tflops = given_peak;
-  if (!json) {
-    std::printf("# %s %s on %s: weights %.2f GB, loaded in %.1f s", info.model_type.c_str(),
-                std::string(dtype_name(info.dtype)).c_str(), info.device.str().c_str(),
-                double(info.weight_bytes) / 1e9, info.load_seconds);
-    if (rss_after_load) std::printf(", resident after load %.2f GB", double(*rss_after_load) / 1e9);
-    std::printf("; ceilings%s: %.1f GB/s, %.2f TFLOP/s [%s]\n", copt.bandwidth && copt.peak ? "" : " (given)",
-                ceil.bandwidth_gbps(), ceil.peak_tflops, ceil.unit.c_str());
-  }
-  if (!json)
-    std::printf("| batch | prompt | prefill tok/s | decode tok/s | ms/token | TTFT ms | decode floor ms | "
-                "of floor | prefill floor ms | of floor | peak memory GB |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const Timed& t : timed) {
-    {
-      const int64_t B = t.B, P = t.P;
-      const double tp = t.prefill_s, td = t.decode_s;
-      const int64_t steps = new_tokens - 1;  // the prefill chose the first new token
-      const double step_s = td / double(steps);
-      // Floors.
-      const double hit = info.num_experts > 0 ? 1.0 - std::pow(1.0 - k / E, double(B)) : 0.0;
-      const double mean_cached = double(P) + double(steps) / 2.0;
-      const double step_bytes = dense_bytes + double(info.experts_weight_bytes) * hit +
-                                double(B) * mean_cached * double(info.kv_bytes_per_token);
-      const double decode_floor_s = ceil.bandwidth_gbps() > 0 ? step_bytes / (ceil.bandwidth_gbps() * 1e9) : 0;
-      // The prefill runs the lm_head on each sequence's last row only (generate's last_only).
-      const double lm_head_params = double(info.vocab_size) * double(info.hidden_size);
-      const double params_per_token =
-          (dense_bytes + double(info.experts_weight_bytes) * moe_share) / es - lm_head_params;
-      const double prefill_flops = 2.0 * params_per_token * double(B * P) + 2.0 * lm_head_params * double(B) +
-                                   double(B) * double(P) * double(P + 1) / 2.0 * double(info.attention_flops_per_pair);
-      const double prefill_floor_s = ceil.peak_tflops > 0 ? prefill_flops / (ceil.peak_tflops * 1e12) : 0;
-      nlohmann::json j;
-      j["batch"] = B;
-      j["prompt_tokens"] = P;
-      j["new_tokens"] = new_tokens;
-      j["prefill_tokens_per_second"] = tp > 0 ? double(B * P) / tp : 0;
-      j["decode_tokens_per_second"] = td > 0 ? double(B * steps) / td : 0;
-      j["ms_per_token"] = step_s * 1e3;
-      j["time_to_first_token_ms"] = tp * 1e3;
-      j["decode_step_bytes"] = step_bytes;
-      j["decode_floor_ms"] = decode_floor_s * 1e3;
-      j["decode_fraction_of_floor"] = step_s > 0 ? decode_floor_s / step_s : 0;
-      j["prefill_flops"] = prefill_flops;
-      j["prefill_floor_ms"] = prefill_floor_s * 1e3;
-      j["prefill_fraction_of_floor"] = tp > 0 ? prefill_floor_s / tp : 0;
-      j["peak_memory_bytes"] = t.peak_bytes;
-      // Host only (null on CUDA): the peak resident set and the resident set after the load.
-      j["peak_rss_bytes"] = host ? nlohmann::json(t.peak_bytes) : nlohmann::json();
-      j["rss_after_load_bytes"] = json_or_null(rss_after_load);
-      j["weight_bytes"] = info.weight_bytes;
-      j["load_seconds"] = info.load_seconds;
-      j["prepare_seconds"] = t.prepare_s;
-      j["ceilings_given"] = !copt.bandwidth || !copt.peak;
-      j["kernel_unit"] = ceil.unit;
-      j["bandwidth_gbps"] = ceil.bandwidth_gbps();
-      j["peak_tflops"] = ceil.peak_tflops;
-      j["device"] = info.device.str();
-      j["dtype"] = std::string(dtype_name(info.dtype));
-      j["experts_implementation"] = lm->get_experts_implementation();
-      j["repeats"] = repeats;
-      j["graph"] = t.graph;
-      j["graph_reused"] = t.graph_reused;
-      if (!t.graph_note.empty()) j["graph_note"] = t.graph_note;
-      if (json) {
-        std::printf("%s\n", j.dump().c_str());
-      } else {
-        std::printf("| %lld | %lld | %.0f | %.1f | %.2f | %.1f | %.3f | %.0f%% | %.2f | %.0f%% | %.2f |\n",
-                    (long long)B, (long long)P, j["prefill_tokens_per_second"].get<double>(),
-                    j["decode_tokens_per_second"].get<double>(), step_s * 1e3, tp * 1e3, decode_floor_s * 1e3,
-                    100 * j["decode_fraction_of_floor"].get<double>(), prefill_floor_s * 1e3,
-                    100 * j["prefill_fraction_of_floor"].get<double>(),
-                    double(j["peak_memory_bytes"].get<int64_t>()) / 1e9);
+    if (!lead) return;
+    // The ceilings last, so that their buffers do not count in the rows' peak memory.
+    const double given_bw = a.get_double("bandwidth-gbs", 0), given_peak = a.get_double("peak-tflops", 0);
+    CeilingsOptions copt;
+    copt.bandwidth = given_bw <= 0;
+    copt.peak = given_peak <= 0;
+    if (copt.bandwidth || copt.peak)
+      note("moex bench generate: measuring the ceilings of %s\n", info.device.str().c_str());
+    Ceilings ceil = measure_ceilings(info.device, info.dtype, copt);
+    // A given bandwidth stands for whichever one the device's floor divides by.
+    if (!copt.bandwidth) {
+      ceil.read_gbps = host ? given_bw : 0;
+      ceil.copy_gbps = host ? 0 : given_bw;
+    }
+    if (!copt.peak) ceil.peak_tflops = given_peak;
+    if (!json) {
+      std::printf("# %s %s on %s: weights %.2f GB, loaded in %.1f s", info.model_type.c_str(),
+                  std::string(dtype_name(info.dtype)).c_str(), info.device.str().c_str(),
+                  double(info.weight_bytes) / 1e9, info.load_seconds);
+      if (rss_after_load) std::printf(", resident after load %.2f GB", double(*rss_after_load) / 1e9);
+      std::printf("; ceilings%s: %.1f GB/s, %.2f TFLOP/s [%s]\n", copt.bandwidth && copt.peak ? "" : " (given)",
+                  ceil.bandwidth_gbps(), ceil.peak_tflops, ceil.unit.c_str());
+    }
+    if (!json)
+      std::printf("| batch | prompt | prefill tok/s | decode tok/s | ms/token | TTFT ms | decode floor ms | "
+                  "of floor | prefill floor ms | of floor | peak memory GB |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const Timed& t : timed) {
+      {
+        const int64_t B = t.B, P = t.P;
+        const double tp = t.prefill_s, td = t.decode_s;
+        const int64_t steps = new_tokens - 1;  // the prefill chose the first new token
+        const double step_s = td / double(steps);
+        // Floors.
+        const double hit = info.num_experts > 0 ? 1.0 - std::pow(1.0 - k / E, double(B)) : 0.0;
+        const double mean_cached = double(P) + double(steps) / 2.0;
+        const double step_bytes = dense_bytes + double(info.experts_weight_bytes) * hit +
+                                  double(B) * mean_cached * double(info.kv_bytes_per_token);
+        const double decode_floor_s = ceil.bandwidth_gbps() > 0 ? step_bytes / (ceil.bandwidth_gbps() * 1e9) : 0;
+        // The prefill runs the lm_head on each sequence's last row only (generate's last_only).
+        const double lm_head_params = double(info.vocab_size) * double(info.hidden_size);
+        const double params_per_token =
+            (dense_bytes + double(info.experts_weight_bytes) * moe_share) / es - lm_head_params;
+        const double prefill_flops = 2.0 * params_per_token * double(B * P) + 2.0 * lm_head_params * double(B) +
+                                     double(B) * double(P) * double(P + 1) / 2.0 * double(info.attention_flops_per_pair);
+        const double prefill_floor_s = ceil.peak_tflops > 0 ? prefill_flops / (ceil.peak_tflops * 1e12) : 0;
+        nlohmann::json j;
+        j["batch"] = B;
+        j["prompt_tokens"] = P;
+        j["new_tokens"] = new_tokens;
+        j["prefill_tokens_per_second"] = tp > 0 ? double(B * P) / tp : 0;
+        j["decode_tokens_per_second"] = td > 0 ? double(B * steps) / td : 0;
+        j["ms_per_token"] = step_s * 1e3;
+        j["time_to_first_token_ms"] = tp * 1e3;
+        j["decode_step_bytes"] = step_bytes;
+        j["decode_floor_ms"] = decode_floor_s * 1e3;
+        j["decode_fraction_of_floor"] = step_s > 0 ? decode_floor_s / step_s : 0;
+        j["prefill_flops"] = prefill_flops;
+        j["prefill_floor_ms"] = prefill_floor_s * 1e3;
+        j["prefill_fraction_of_floor"] = tp > 0 ? prefill_floor_s / tp : 0;
+        j["peak_memory_bytes"] = t.peak_bytes;
+        // Host only (null on CUDA): the peak resident set and the resident set after the load.
+        j["peak_rss_bytes"] = host ? nlohmann::json(t.peak_bytes) : nlohmann::json();
+        j["rss_after_load_bytes"] = json_or_null(rss_after_load);
+        j["weight_bytes"] = info.weight_bytes;
+        j["load_seconds"] = info.load_seconds;
+        j["prepare_seconds"] = t.prepare_s;
+        j["ceilings_given"] = !copt.bandwidth || !copt.peak;
+        j["kernel_unit"] = ceil.unit;
+        j["bandwidth_gbps"] = ceil.bandwidth_gbps();
+        j["peak_tflops"] = ceil.peak_tflops;
+        j["device"] = info.device.str();
+        j["dtype"] = std::string(dtype_name(info.dtype));
+        j["experts_implementation"] = lm->get_experts_implementation();
+        j["ep_size"] = o.ep_comm ? o.ep_comm->size() : 1;
+        j["repeats"] = repeats;
+        j["graph"] = t.graph;
+        j["graph_reused"] = t.graph_reused;
+        if (!t.graph_note.empty()) j["graph_note"] = t.graph_note;
+        if (json) {
+          std::printf("%s\n", j.dump().c_str());
+        } else {
+          std::printf("| %lld | %lld | %.0f | %.1f | %.2f | %.1f | %.3f | %.0f%% | %.2f | %.0f%% | %.2f |\n",
+                      (long long)B, (long long)P, j["prefill_tokens_per_second"].get<double>(),
+                      j["decode_tokens_per_second"].get<double>(), step_s * 1e3, tp * 1e3, decode_floor_s * 1e3,
+                      100 * j["decode_fraction_of_floor"].get<double>(), prefill_floor_s * 1e3,
+                      100 * j["prefill_fraction_of_floor"].get<double>(),
+                      double(j["peak_memory_bytes"].get<int64_t>()) / 1e9);
+        }
+        std::fflush(stdout);
       }
-      std::fflush(stdout);
     }
-  }
+  });
   return 0;
 }
 

@@ -89,6 +89,11 @@ class StreamBranch {
 };
 // Unsupported for a device without streams (the CPU, or any device without CUDA).
 std::unique_ptr<StreamBranch> open_stream_branch(Device device);
+// mark_sentinels (moex/expert_shard.hpp) of device ids: out[i] = in[i] - first when
+// first <= in[i] < first + count, else count; in and out contiguous int32 / int64 of one dtype
+// and shape on one CUDA device; stream work on the current stream (capturable). Negative ids are
+// not diagnosed (they become sentinels): the caller's router makes none. Unsupported without CUDA.
+void mark_sentinels_on_device(const Tensor& in, Tensor& out, int64_t first, int64_t count);
 // What a measurement made on `device` holds for: "cpu", or the GPU's name and compute capability
 // ("NVIDIA H200 sm_90"). Unsupported for a CUDA device without CUDA.
 std::string device_name(Device device);

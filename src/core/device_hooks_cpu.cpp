@@ -34,6 +34,9 @@ std::unique_ptr<StreamBranch> open_stream_branch(Device device) {
 }
 
 bool capturing(Device) { return false; }
+void mark_sentinels_on_device(const Tensor& in, Tensor&, int64_t, int64_t) {
+  throw Unsupported("sentinel marking of " + in.str() + " was requested, but this moex was built without CUDA");
+}
 std::string device_name(Device device) {
   if (device.is_cpu()) return "cpu";
   throw Unsupported("device " + device.str() + " requested, but this moex was built without CUDA");

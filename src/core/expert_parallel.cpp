@@ -18,6 +18,9 @@ namespace {
 Tensor slot_weights(const Tensor& top_k_index, const Tensor& top_k_weights, int64_t num_experts) {
   const int64_t T = top_k_index.size(0), k = top_k_index.size(1);
   if (top_k_weights.size(1) == k) return top_k_weights.contiguous();
+  if (!top_k_weights.device().host_accessible())
+    throw Unsupported("expert_parallel_forward: [T, E] routing weights on " + top_k_weights.device().str() +
+                      " (pass them per slot, [T, k])");
   const Tensor w = top_k_weights.contiguous();
   Tensor out = Tensor::zeros({T, k}, w.dtype());
   const std::vector<int64_t> ids = top_k_index.to_int_vector();
@@ -32,11 +35,11 @@ Tensor slot_weights(const Tensor& top_k_index, const Tensor& top_k_weights, int6
   return out;
 }
 
-// Local checks, then one all_gather so that ranks called with different problems all fail with
-// the same message instead of deadlocking or mixing rows of different shapes.
+// Local checks, then (check_ranks) one all_gather so that ranks called with different problems all
+// fail with the same message instead of deadlocking or mixing rows of different shapes.
 void check_problem(Communicator& comm, const Experts& local, const ExpertShard& shard,
                    const Tensor& hidden, const Tensor& top_k_index, const Tensor& top_k_weights,
-                   ExpertParallelMode mode) {
+                   ExpertParallelMode mode, bool check_ranks) {
   const std::string me = "expert_parallel_forward on rank " + std::to_string(comm.rank()) + ": ";
   if (shard.rank != comm.rank() || shard.size != comm.size())
     throw InvalidInput(me + "the shard is rank " + std::to_string(shard.rank) + " of " +
@@ -60,16 +63,28 @@ void check_problem(Communicator& comm, const Experts& local, const ExpertShard& 
     throw InvalidInput(me + "top_k_weights must be float [" + std::to_string(T) + ", " +
                        std::to_string(k) + "] or [" + std::to_string(T) + ", " +
                        std::to_string(shard.num_experts) + "], got " + top_k_weights.str());
+  // Host tensors, or tensors on the communicator's device (the model's GPU), all in one place.
+  const Device dev = hidden.device();
   for (const Tensor* t : {&hidden, &top_k_index, &top_k_weights})
-    if (!t->device().host_accessible())
-      throw Unsupported(me + "expert parallelism runs on host tensors for now, not " + t->str());
-  // Every rank holds the same ids, so every rank throws here alike (none is left waiting).
-  const std::vector<int64_t> ids = top_k_index.to_int_vector();
-  for (size_t i = 0; i < ids.size(); ++i)
-    if (ids[i] < 0)
-      throw InvalidInput(me + "top_k_index[" + std::to_string(int64_t(i) / k) + ", " +
-                         std::to_string(int64_t(i) % k) + "] = " + std::to_string(ids[i]) +
-                         " is negative");
+    if (t->device() != dev || (!dev.host_accessible() && dev != comm.device()))
+      throw InvalidInput(me + "hidden, top_k_index and top_k_weights must be on the host or on the "
+                         "communicator's device " + comm.device().str() + ", got " + hidden.str() + ", " +
+                         top_k_index.str() + ", " + top_k_weights.str());
+  if (!dev.host_accessible() && mode == ExpertParallelMode::kAllToAll)
+    throw Unsupported(me + "the all-to-all mode plans its dispatch from host ids and runs on host tensors, "
+                      "not " + dev.str() + " (use the replicated mode on GPUs)");
+  // Every rank holds the same ids, so every rank throws here alike (none is left waiting). Ids on
+  // a device are not read back (that would synchronise every layer); mark_sentinels turns a
+  // negative one into a sentinel there.
+  if (dev.host_accessible()) {
+    const std::vector<int64_t> ids = top_k_index.to_int_vector();
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] < 0)
+        throw InvalidInput(me + "top_k_index[" + std::to_string(int64_t(i) / k) + ", " +
+                           std::to_string(int64_t(i) % k) + "] = " + std::to_string(ids[i]) +
+                           " is negative");
+  }
+  if (!check_ranks) return;
 
   const std::vector<int64_t> mine = {T, k, H, int64_t(hidden.dtype()), int64_t(mode),
                                      shard.num_experts};
@@ -151,8 +166,8 @@ Tensor all_to_all_forward(Communicator& comm, const Experts& local, std::string_
 Tensor expert_parallel_forward(Communicator& comm, const Experts& local, std::string_view backend,
                                const ExpertShard& shard, const Tensor& hidden,
                                const Tensor& top_k_index, const Tensor& top_k_weights,
-                               ExpertParallelMode mode) {
-  check_problem(comm, local, shard, hidden, top_k_index, top_k_weights, mode);
+                               ExpertParallelMode mode, bool check_ranks) {
+  check_problem(comm, local, shard, hidden, top_k_index, top_k_weights, mode, check_ranks);
   const Tensor x = hidden.contiguous();
   const Tensor ids = top_k_index.contiguous();
   const Tensor w = slot_weights(ids, top_k_weights, shard.num_experts);
@@ -160,7 +175,8 @@ Tensor expert_parallel_forward(Communicator& comm, const Experts& local, std::st
     return all_to_all_forward(comm, local, backend, shard, x, ids, w);
   // Replicated: this rank's experts on every token, the others' ids as sentinels, summed.
   Tensor out = local.forward(backend, x, mark_sentinels(ids, shard), w);
-  comm.all_reduce_sum(out);
+  if (out.device().host_accessible()) comm.all_reduce_sum(out);
+  else comm.all_reduce_sum_enqueue(out);  // stream work: a captured decode step keeps it
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/device_hooks.hpp"
 #include "moex/error.hpp"
 
 namespace moex {
@@ -40,8 +41,14 @@ static void mark(const Id* in, Id* out, int64_t n, int64_t k, const ExpertShard&
 Tensor mark_sentinels(const Tensor& top_k_index, const ExpertShard& shard) {
   if (top_k_index.dim() != 2)
     throw InvalidInput("top_k_index must be [T, k], got " + top_k_index.str());
-  if (!top_k_index.device().host_accessible())
-    throw Unsupported("mark_sentinels reads host ids, not " + top_k_index.str());
+  if (top_k_index.dtype() != DType::kI64 && top_k_index.dtype() != DType::kI32)
+    throw InvalidInput("top_k_index must be int32 or int64, got " + top_k_index.str());
+  if (!top_k_index.device().host_accessible()) {
+    const Tensor in = top_k_index.contiguous();
+    Tensor out = Tensor::empty(in.shape(), in.dtype(), in.device());
+    detail::mark_sentinels_on_device(in, out, shard.first, shard.count);
+    return out;
+  }
   const Tensor in = top_k_index.contiguous();
   Tensor out = Tensor::empty(in.shape(), in.dtype());
   const int64_t n = in.numel(), k = std::max<int64_t>(in.size(1), 1);

@@ -139,6 +139,10 @@ class DecoderLM : public CausalLM {
   const std::string& prefix() const { return prefix_; }  // "model." or "model.language_model."
 
   Tensor forward(Step& step, KVCache& cache, bool last_only) final;
+  // An expert-parallel GPU model's MoE layers are collectives no host call waits for (a replayed
+  // decode graph runs them): one barrier per generate / logits makes a rank whose group was
+  // aborted meanwhile fail the call instead of returning what the aborted collectives left.
+  void finish_call() override;
 
  private:
   void record_group(WeightGroupInfo entry);
@@ -147,6 +151,7 @@ class DecoderLM : public CausalLM {
   QuantLoad quant_;
   Communicator* ep_comm_ = nullptr;
   ExpertParallelMode ep_mode_ = ExpertParallelMode::kReplicated;
+  mutable std::vector<int64_t> ep_checked_shape_;  // the last call shape the ranks agreed on (GPU)
   std::string prefix_;
   Tensor embed_, final_norm_;
   ops::LinearWeight lm_head_;  // prepared once (packed on the host)

@@ -220,6 +220,7 @@ Tensor CausalLM::logits(const Tensor& input_ids, const Tensor& attention_mask) {
   step.ids = input_ids.to_int_vector();
   // The public result is float32 on the host, whatever the device computed in.
   Tensor out = forward(step, cache, false).to(Device::cpu()).to(DType::kF32);
+  finish_call();
   // Padding rows are not meaningful (and may hold anything): only real tokens' rows are checked.
   if (step.pad.empty()) check_finite(out, "in logits()");
   else

@@ -121,9 +121,22 @@ Tensor DecoderLM::run_experts(const Experts& experts, const std::string& backend
   // As model::run_experts: the experts read act values.
   const bool widen = x.dtype() != act;
   const Tensor h = widen ? x.to(act) : x;
+  // The ranks run the same step, so a GPU model checks that they agree once per call shape (a
+  // host synchronisation) and never inside a graph capture; host models check every call.
+  bool check = true;
+  std::vector<int64_t> shape;
+  if (!h.device().host_accessible()) {
+    shape = {h.size(0), h.size(1), routing.top_k_index.size(1)};
+    check = shape != ep_checked_shape_ && !detail::capturing(h.device());
+  }
   Tensor out = expert_parallel_forward(*ep_comm_, experts, backend, expert_shard(info_.num_experts), h,
-                                       routing.top_k_index, routing.top_k_weights, ep_mode_);
+                                       routing.top_k_index, routing.top_k_weights, ep_mode_, check);
+  if (check && !shape.empty()) ep_checked_shape_ = shape;
   return widen ? out.to(x.dtype()) : out;
+}
+
+void DecoderLM::finish_call() {
+  if (ep_comm_ && !info_.device.host_accessible()) ep_comm_->barrier();
 }
 
 DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
@@ -153,9 +166,17 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
   quant_ = parse_quant_load(ckpt, options.dequantize);
   ep_comm_ = options.ep_comm;
   ep_mode_ = options.ep_mode;
-  if (ep_comm_ && !options.device.host_accessible())
-    throw Unsupported("expert parallelism runs host models only (the expert-parallel call takes host "
-                      "tensors; " + options.device.str() + " models cannot use it yet): load without ep_comm");
+  if (ep_comm_ && !options.device.host_accessible()) {
+    // A GPU model's experts call is stream work on its device: the rank's communicator must move
+    // data there (NCCL on that GPU), and the dispatch must not read ids on the host.
+    if (ep_comm_->device() != options.device)
+      throw InvalidInput("expert parallelism: the model is loaded on " + options.device.str() +
+                         " but rank " + std::to_string(ep_comm_->rank()) + "'s communicator runs on " +
+                         ep_comm_->device().str() + " (a GPU model needs an NCCL rank on its own device)");
+    if (ep_mode_ == ExpertParallelMode::kAllToAll)
+      throw Unsupported("expert parallelism: the all-to-all mode runs host models only (its dispatch is "
+                        "planned from host ids); on " + options.device.str() + " use the replicated mode");
+  }
   info_.quantized_checkpoint = quant_.quantized;
   info_.dequantized = quant_.quantized && quant_.dequantize;
 

@@ -318,6 +318,7 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
     in_flight = 0;
   }
   drop_on_throw.done = true;
+  finish_call();
 
   const int64_t L = int64_t(seqs[0].size());
   stats_.new_tokens = L - T;
