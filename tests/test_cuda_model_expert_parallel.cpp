@@ -3,14 +3,16 @@
 // stream work (sentinels marked on the device, the rank-order all-reduce enqueued), give the
 // single-GPU model's logits and greedy tokens, and transformers' fixtures, in float32 (and the
 // quantized DeepSeek-V3 fixtures with their experts kept quantized), with the decode step
-// captured as one CUDA graph; bfloat16 within its tolerance. Refused clearly: the all-to-all mode
-// on a GPU, a communicator on another GPU. A rank that fails mid-generation stops its peer in
-// bounded time. Needs two GPUs and NCCL; skips otherwise.
+// captured as one CUDA graph; so does the all-to-all mode (rows dispatched on the device, planned
+// on the host, decode steps without a graph); bfloat16 within its tolerance. Refused clearly: a
+// communicator on another GPU. A rank that fails mid-generation stops its peer in bounded time.
+// Needs two GPUs and NCCL; skips otherwise.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "moex/comm.hpp"
@@ -41,8 +43,10 @@ std::string checkpoint(const std::string& model, DType dt) {
   return test::data_path("hf-tiny/" + model + (dt == DType::kF32 ? "/checkpoint_fp32" : "/checkpoint_bf16"));
 }
 
-LoadOptions options(Device dev, DType dt, Communicator* comm) {
+LoadOptions options(Device dev, DType dt, Communicator* comm,
+                    ExpertParallelMode mode = ExpertParallelMode::kReplicated) {
   LoadOptions o;
+  o.ep_mode = mode;
   o.dtype = dt;
   o.device = dev;
   o.experts_implementation = {{"", "grouped_mm"}};
@@ -57,9 +61,10 @@ struct ModelRun {
   int64_t experts_bytes = 0;
 };
 
-ModelRun run_model(const std::string& model, DType dt, Device dev, Communicator* comm) {
+ModelRun run_model(const std::string& model, DType dt, Device dev, Communicator* comm,
+                   ExpertParallelMode mode = ExpertParallelMode::kReplicated) {
   auto ref = SafetensorsFile::open(test::data_path("hf-tiny/" + model + "/reference.safetensors"));
-  auto lm = from_pretrained(checkpoint(model, dt), options(dev, dt, comm));
+  auto lm = from_pretrained(checkpoint(model, dt), options(dev, dt, comm, mode));
   ModelRun r;
   r.logits = lm->logits(ref->get("input_ids"));
   GenerationOptions g;
@@ -70,22 +75,23 @@ ModelRun run_model(const std::string& model, DType dt, Device dev, Communicator*
   return r;
 }
 
-std::vector<ModelRun> run_ranks_of(const std::string& model, DType dt) {
+std::vector<ModelRun> run_ranks_of(const std::string& model, DType dt,
+                                   ExpertParallelMode mode = ExpertParallelMode::kReplicated) {
   auto comms = nccl_group();
   std::vector<ModelRun> runs(kRanks);
   test::expect_no_rank_errors(run_ranks(comms, [&](Communicator& c) {
-    runs[size_t(c.rank())] = run_model(model, dt, c.device(), &c);
+    runs[size_t(c.rank())] = run_model(model, dt, c.device(), &c, mode);
   }));
   return runs;
 }
 
-class CudaModelExpertParallel : public ::testing::TestWithParam<std::string> {};
+class CudaModelExpertParallel : public ::testing::TestWithParam<std::tuple<std::string, ExpertParallelMode>> {};
 
 TEST_P(CudaModelExpertParallel, TwoGpusGiveTheOneGpuLogitsAndTokensFp32) {
   if (!ready()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
-  const std::string model = GetParam();
+  const auto& [model, mode] = GetParam();
   const ModelRun one = run_model(model, DType::kF32, Device::cuda(0), nullptr);
-  const std::vector<ModelRun> runs = run_ranks_of(model, DType::kF32);
+  const std::vector<ModelRun> runs = run_ranks_of(model, DType::kF32, mode);
   if (::testing::Test::HasFailure()) return;
   auto ref = SafetensorsFile::open(test::data_path("hf-tiny/" + model + "/reference.safetensors"));
   for (int r = 0; r < kRanks; ++r) {
@@ -97,38 +103,60 @@ TEST_P(CudaModelExpertParallel, TwoGpusGiveTheOneGpuLogitsAndTokensFp32) {
       EXPECT_EQ(got.greedy, ref->get("greedy_fp32").to_int_vector()) << model << " rank " << r;
     }
     EXPECT_EQ(got.greedy, one.greedy) << model << " rank " << r;
-    EXPECT_TRUE(got.graph) << model << " rank " << r << ": the decode steps ran as a captured graph";
+    // The replicated mode's decode steps are one captured graph; the all-to-all mode's are not.
+    EXPECT_EQ(got.graph, mode == ExpertParallelMode::kReplicated) << model << " rank " << r;
     EXPECT_EQ(got.experts_bytes * kRanks, one.experts_bytes) << model << " rank " << r;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelExpertParallel,
-                         ::testing::Values("qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss",
-                                           "qwen3_vl_moe", "deepseek_v3_fp8_float",
-                                           "deepseek_v3_fp4_experts_ue8m0"));
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, CudaModelExpertParallel,
+    ::testing::Combine(::testing::Values("qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss",
+                                         "qwen3_vl_moe", "deepseek_v3_fp8_float", "deepseek_v3_fp4_experts_ue8m0"),
+                       ::testing::Values(ExpertParallelMode::kReplicated, ExpertParallelMode::kAllToAll)),
+    [](const auto& info) {
+      return std::get<0>(info.param) +
+             (std::get<1>(info.param) == ExpertParallelMode::kReplicated ? "_replicated" : "_all_to_all");
+    });
+
+// A group of one rank on one GPU runs the same device path (sentinels marked, the enqueued
+// all-reduce captured in the decode graph; the all-to-all plan and row moves) on any GPU machine.
+TEST(CudaModelExpertParallelOneGpu, AGroupOfOneGivesTheModelsLogitsAndTokens) {
+  if (test::cuda_devices() < 1 || !nccl_available()) GTEST_SKIP() << "needs a CUDA device and NCCL";
+  for (const char* model : {"mixtral", "deepseek_v3", "gpt_oss"}) {
+    const ModelRun one = run_model(model, DType::kF32, Device::cuda(0), nullptr);
+    for (ExpertParallelMode mode : {ExpertParallelMode::kReplicated, ExpertParallelMode::kAllToAll}) {
+      auto comms = make_nccl_group({0}, std::chrono::seconds(60));
+      const ModelRun got = run_model(model, DType::kF32, Device::cuda(0), comms[0].get(), mode);
+      const char* m = mode == ExpertParallelMode::kReplicated ? " replicated" : " all-to-all";
+      EXPECT_LE(test::rel_l2_error(got.logits, one.logits), 1e-6) << model << m;
+      EXPECT_EQ(got.greedy, one.greedy) << model << m;
+      EXPECT_EQ(got.graph, mode == ExpertParallelMode::kReplicated) << model << m;
+    }
+  }
+}
 
 // bfloat16: each rank's partial output is rounded before the sum, once more than on one GPU.
 TEST(CudaModelExpertParallelBf16, TwoGpusWithinTheBf16Tolerance) {
   if (!ready()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
   for (const char* model : {"qwen2_moe", "deepseek_v3", "gpt_oss"}) {
     const ModelRun one = run_model(model, DType::kBF16, Device::cuda(0), nullptr);
-    const std::vector<ModelRun> runs = run_ranks_of(model, DType::kBF16);
-    for (int r = 0; r < kRanks; ++r)
-      EXPECT_LE(test::rel_l2_error(runs[size_t(r)].logits, one.logits), 2e-2) << model << " rank " << r;
+    for (ExpertParallelMode mode : {ExpertParallelMode::kReplicated, ExpertParallelMode::kAllToAll}) {
+      const std::vector<ModelRun> runs = run_ranks_of(model, DType::kBF16, mode);
+      for (int r = 0; r < kRanks; ++r)
+        EXPECT_LE(test::rel_l2_error(runs[size_t(r)].logits, one.logits), 2e-2)
+            << model << " rank " << r << (mode == ExpertParallelMode::kReplicated ? " replicated" : " all-to-all");
+    }
   }
 }
 
-TEST(CudaModelExpertParallelErrors, AllToAllAndAForeignDeviceAreRefused) {
+TEST(CudaModelExpertParallelErrors, ACommunicatorOnAnotherGpuIsRefused) {
   if (!ready()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
   auto comms = nccl_group();
   std::vector<std::string> what(kRanks);
   test::expect_no_rank_errors(run_ranks(comms, [&](Communicator& c) {
-    LoadOptions o = options(c.device(), DType::kF32, &c);
-    o.ep_mode = ExpertParallelMode::kAllToAll;
-    EXPECT_THROW(from_pretrained(checkpoint("mixtral", DType::kF32), o), Unsupported);
-    o = options(Device::cuda(1 - c.rank()), DType::kF32, &c);
     try {
-      from_pretrained(checkpoint("mixtral", DType::kF32), o);
+      from_pretrained(checkpoint("mixtral", DType::kF32), options(Device::cuda(1 - c.rank()), DType::kF32, &c));
     } catch (const InvalidInput& e) {
       what[size_t(c.rank())] = e.what();
     }

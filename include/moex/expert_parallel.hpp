@@ -65,16 +65,19 @@ std::vector<int64_t> combine_positions(const DispatchPlan& plan, int64_t tokens,
 // [T, E] read by id as in experts.hpp), and its own shard's experts (`local`: spec with
 // num_experts = shard.count, weights from shard_experts_weights).
 // Where: host tensors (any communicator), or tensors on comm.device() (the NCCL communicator's
-// GPU) in kReplicated: the sentinels are marked by a kernel and the sum is
-// all_reduce_sum_enqueue, so the call is stream work with no host synchronisation (a decode
-// step's CUDA graph captures it) when check_ranks is false. kAllToAll takes host tensors.
+// GPU). On a GPU kReplicated marks the sentinels by a kernel and sums with all_reduce_sum_enqueue,
+// so the call is stream work with no host synchronisation (a decode step's CUDA graph captures
+// it) when check_ranks is false; kAllToAll plans the dispatch from the ids read back to the host
+// (one synchronisation per call, refused under graph capture) and moves the rows on the device,
+// with the host version's order and rounding.
 // check_ranks: one all_gather first checks that every rank has the same T, k, H, dtype, E and
 // mode (a host synchronisation); a caller whose ranks run the same step by construction (a model)
 // may skip it.
 // Throws InvalidInput (shapes, dtypes, negative host ids; tensors on different devices or on a
 // device that is not the communicator's; a shard that does not match the communicator or the
 // local experts; with check_ranks, ranks whose T, k, H or dtype differ, named per rank),
-// Unsupported (backend; kAllToAll or [T, E] weights on a GPU), CommError (a peer failed or timed out).
+// Unsupported (backend; [T, E] weights on a GPU; kAllToAll inside a graph capture), CommError (a
+// peer failed or timed out).
 Tensor expert_parallel_forward(Communicator& comm, const Experts& local, std::string_view backend,
                                const ExpertShard& shard, const Tensor& hidden,
                                const Tensor& top_k_index, const Tensor& top_k_weights,

@@ -84,10 +84,11 @@ struct LoadOptions {
   // InvalidInput when N does not divide E) and runs them with expert_parallel_forward in
   // `ep_mode`; everything else is replicated. Every rank loads the same checkpoint with the same
   // options and makes the same calls in the same order (its peers wait for it in each MoE layer).
-  // Host models take any communicator (make_thread_group's ranks) and either mode. A CUDA model
-  // takes an NCCL rank on its own device (make_nccl_group / make_nccl_rank; InvalidInput for a
-  // communicator on another device) in the replicated mode (Unsupported: all-to-all): its MoE
-  // layers are then stream work, captured with the rest of a decode step. Null: no parallelism.
+  // Host models take any communicator (make_thread_group's ranks). A CUDA model takes an NCCL
+  // rank on its own device (make_nccl_group / make_nccl_rank; InvalidInput for a communicator on
+  // another device); in the replicated mode its MoE layers are stream work, captured with the rest
+  // of a decode step; the all-to-all mode reads each layer's routing on the host, so its decode
+  // steps run without a graph (GenerationStats::graph_note says so). Null: no parallelism.
   Communicator* ep_comm = nullptr;
   ExpertParallelMode ep_mode = ExpertParallelMode::kReplicated;
 };

@@ -94,6 +94,15 @@ std::unique_ptr<StreamBranch> open_stream_branch(Device device);
 // and shape on one CUDA device; stream work on the current stream (capturable). Negative ids are
 // not diagnosed (they become sentinels): the caller's router makes none. Unsupported without CUDA.
 void mark_sentinels_on_device(const Tensor& in, Tensor& out, int64_t first, int64_t count);
+// The all-to-all mode's data movement on a GPU (moex/expert_parallel.hpp), stream work on the
+// current stream of the tensors' device:
+// out[p] = src[idx[p]] for rows of src [rows, ...] (contiguous, any dtype), idx int64 [P] on the
+// device (each in [0, rows)), out [P, ...] of src's dtype and row shape.
+void gather_rows_on_device(const Tensor& src, const Tensor& idx, Tensor& out);
+// out[t] = round(sum over j = 0..k-1 of rows[pos[t * k + j]]), skipping pos < 0, added in j order
+// in float32 and rounded once to out's dtype (zeros when every pos of t is < 0); rows [R, H] and
+// out [T, H] of one dtype (float32 / bfloat16 / float16), pos int64 [T * k] on the device.
+void sum_rows_on_device(const Tensor& rows, const Tensor& pos, int64_t k, Tensor& out);
 // What a measurement made on `device` holds for: "cpu", or the GPU's name and compute capability
 // ("NVIDIA H200 sm_90"). Unsupported for a CUDA device without CUDA.
 std::string device_name(Device device);

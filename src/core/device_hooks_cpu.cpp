@@ -34,6 +34,12 @@ std::unique_ptr<StreamBranch> open_stream_branch(Device device) {
 }
 
 bool capturing(Device) { return false; }
+void gather_rows_on_device(const Tensor& src, const Tensor&, Tensor&) {
+  throw Unsupported("a row gather of " + src.str() + " was requested, but this moex was built without CUDA");
+}
+void sum_rows_on_device(const Tensor& rows, const Tensor&, int64_t, Tensor&) {
+  throw Unsupported("a row sum of " + rows.str() + " was requested, but this moex was built without CUDA");
+}
 void mark_sentinels_on_device(const Tensor& in, Tensor&, int64_t, int64_t) {
   throw Unsupported("sentinel marking of " + in.str() + " was requested, but this moex was built without CUDA");
 }

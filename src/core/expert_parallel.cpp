@@ -5,6 +5,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/device_hooks.hpp"
 #include "moex/error.hpp"
 #include "moex/expert_parallel.hpp"
 
@@ -70,9 +71,9 @@ void check_problem(Communicator& comm, const Experts& local, const ExpertShard& 
       throw InvalidInput(me + "hidden, top_k_index and top_k_weights must be on the host or on the "
                          "communicator's device " + comm.device().str() + ", got " + hidden.str() + ", " +
                          top_k_index.str() + ", " + top_k_weights.str());
-  if (!dev.host_accessible() && mode == ExpertParallelMode::kAllToAll)
-    throw Unsupported(me + "the all-to-all mode plans its dispatch from host ids and runs on host tensors, "
-                      "not " + dev.str() + " (use the replicated mode on GPUs)");
+  if (mode == ExpertParallelMode::kAllToAll && detail::capturing(dev))
+    throw Unsupported(me + "the all-to-all mode plans its dispatch from the ids on the host (a "
+                      "synchronisation), which a CUDA graph cannot capture; the replicated mode can");
   // Every rank holds the same ids, so every rank throws here alike (none is left waiting). Ids on
   // a device are not read back (that would synchronise every layer); mark_sentinels turns a
   // negative one into a sentinel there.
@@ -161,6 +162,52 @@ Tensor all_to_all_forward(Communicator& comm, const Experts& local, std::string_
   return comm.all_to_all_v(send_out, std::vector<int64_t>(size_t(comm.size()), Tl)).rows;
 }
 
+// The same exchange with the rows on a GPU: the plan is made on the host from the ids (one
+// download), the rows move on the device (gather_rows_on_device for the dispatch and the final
+// exchange, sum_rows_on_device for the combine, in the host version's order and rounding).
+Tensor all_to_all_forward_device(Communicator& comm, const Experts& local, std::string_view backend,
+                                 const ExpertShard& shard, const Tensor& hidden, const Tensor& top_k_index,
+                                 const Tensor& weights) {
+  const int64_t T = hidden.size(0), k = top_k_index.size(1), H = hidden.size(1);
+  const Device dev = hidden.device();
+  const DType dt = hidden.dtype();
+  const TokenRange mine = token_slice(T, comm.size(), comm.rank());
+  const int64_t Tl = mine.size();
+  auto upload = [&](const std::vector<int64_t>& v) {
+    return Tensor::from_ints(v, {int64_t(v.size())}).to(dev);
+  };
+
+  const std::vector<int64_t> ids = top_k_index.slice(0, mine.begin, mine.end).to(Device::cpu()).to_int_vector();
+  const DispatchPlan plan = plan_dispatch(ids, k, shard);
+  const int64_t R = int64_t(plan.flat.size());
+  std::vector<int64_t> row_of(static_cast<size_t>(R)), slot_of(static_cast<size_t>(R));
+  for (int64_t p = 0; p < R; ++p) {
+    row_of[size_t(p)] = mine.begin + plan.flat[size_t(p)] / k;
+    slot_of[size_t(p)] = mine.begin * k + plan.flat[size_t(p)];
+  }
+  Tensor send_x = Tensor::empty({R, H}, dt, dev);
+  Tensor send_w = Tensor::empty({R, 1}, weights.dtype(), dev);
+  detail::gather_rows_on_device(hidden, upload(row_of), send_x);
+  detail::gather_rows_on_device(weights.view({T * k, 1}), upload(slot_of), send_w);
+  const Tensor send_id = Tensor::from_ints(plan.local_ids, {R, 1}).to(dev);
+  const AllToAllResult got_x = comm.all_to_all_v(send_x, plan.send_counts);
+  const AllToAllResult got_id = comm.all_to_all_v(send_id, plan.send_counts);
+  const AllToAllResult got_w = comm.all_to_all_v(send_w, plan.send_counts);
+
+  const Tensor y = local.forward(backend, got_x.rows, got_id.rows, got_w.rows);
+  const AllToAllResult back = comm.all_to_all_v(y, got_x.counts);
+
+  Tensor part = Tensor::empty({Tl, H}, dt, dev);
+  detail::sum_rows_on_device(back.rows, upload(combine_positions(plan, Tl, k)), k, part);
+  // Every rank returns [T, H]: its slice to every rank (rows 0..Tl-1, N times).
+  std::vector<int64_t> tiles;
+  for (int r = 0; r < comm.size(); ++r)
+    for (int64_t t = 0; t < Tl; ++t) tiles.push_back(t);
+  Tensor send_out = Tensor::empty({Tl * comm.size(), H}, dt, dev);
+  detail::gather_rows_on_device(part, upload(tiles), send_out);
+  return comm.all_to_all_v(send_out, std::vector<int64_t>(size_t(comm.size()), Tl)).rows;
+}
+
 }  // namespace
 
 Tensor expert_parallel_forward(Communicator& comm, const Experts& local, std::string_view backend,
@@ -172,7 +219,8 @@ Tensor expert_parallel_forward(Communicator& comm, const Experts& local, std::st
   const Tensor ids = top_k_index.contiguous();
   const Tensor w = slot_weights(ids, top_k_weights, shard.num_experts);
   if (mode == ExpertParallelMode::kAllToAll)
-    return all_to_all_forward(comm, local, backend, shard, x, ids, w);
+    return x.device().host_accessible() ? all_to_all_forward(comm, local, backend, shard, x, ids, w)
+                                        : all_to_all_forward_device(comm, local, backend, shard, x, ids, w);
   // Replicated: this rank's experts on every token, the others' ids as sentinels, summed.
   Tensor out = local.forward(backend, x, mark_sentinels(ids, shard), w);
   if (out.device().host_accessible()) comm.all_reduce_sum(out);

@@ -167,15 +167,12 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
   ep_comm_ = options.ep_comm;
   ep_mode_ = options.ep_mode;
   if (ep_comm_ && !options.device.host_accessible()) {
-    // A GPU model's experts call is stream work on its device: the rank's communicator must move
-    // data there (NCCL on that GPU), and the dispatch must not read ids on the host.
+    // A GPU model's experts call runs on its device: the rank's communicator must move data there
+    // (NCCL on that GPU).
     if (ep_comm_->device() != options.device)
       throw InvalidInput("expert parallelism: the model is loaded on " + options.device.str() +
                          " but rank " + std::to_string(ep_comm_->rank()) + "'s communicator runs on " +
                          ep_comm_->device().str() + " (a GPU model needs an NCCL rank on its own device)");
-    if (ep_mode_ == ExpertParallelMode::kAllToAll)
-      throw Unsupported("expert parallelism: the all-to-all mode runs host models only (its dispatch is "
-                        "planned from host ids); on " + options.device.str() + " use the replicated mode");
   }
   info_.quantized_checkpoint = quant_.quantized;
   info_.dequantized = quant_.quantized && quant_.dequantize;
