@@ -253,6 +253,30 @@ TEST_F(CliBenchGenerate, BadInputExitsTwoWithAClearError) {
   EXPECT_NE(r.err.find("missing"), std::string::npos) << r.err;
 }
 
+// moex bench comm: bad flags are named; without two GPUs (CI) the missing device is, and
+// measure_peer_copy_gbps refuses non-CUDA devices and a device paired with itself.
+TEST(CliBenchComm, BadInputAndMissingGpusExitTwoWithAClearError) {
+  const std::string tmp = ::testing::TempDir();
+  const std::pair<std::string, std::string> cases[] = {
+      {"", "--ep-size must be between 2 and 64"},
+      {"--ep-size 1", "--ep-size must be between 2 and 64"},
+      {"--ep-size 2 --rows 3", "--rows entries must be positive multiples of --ep-size"},
+      {"--ep-size 2 --iters 0", "--iters must be >= 1"},
+  };
+  for (const auto& [args, needle] : cases) {
+    test::CliResult r = test::run_cli("bench comm " + args, tmp);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\n" << r.err;
+  }
+  if (test::cuda_devices() < 2) {
+    test::CliResult r = test::run_cli("bench comm --ep-size 2 --rows 2", tmp);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("no CUDA device"), std::string::npos) << r.err;
+  }
+  EXPECT_THROW(measure_peer_copy_gbps(Device::cpu(), Device::cuda(0)), Unsupported);
+  EXPECT_THROW(measure_peer_copy_gbps(Device::cuda(0), Device::cuda(0)), InvalidInput);
+}
+
 TEST(BenchApi, CeilingsMeasureWhatIsAskedAndNameTheUnit) {
   CeilingsOptions none;
   none.bandwidth = none.peak = false;

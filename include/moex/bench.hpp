@@ -76,6 +76,11 @@ Tensor graph_replay_output(Device device, const std::function<Tensor()>& fn);
 // Throws InvalidInput when the spec is not a valid quantized one.
 ExpertsWeights random_quantized_experts_weights(const ExpertsSpec& spec, uint64_t seed);
 
+// Peer copy bandwidth from CUDA device `src` to `dst` (NVLink or PCIe, whichever the driver
+// uses), GB/s = bytes / seconds / 1e9: cudaMemcpyPeerAsync of 1 GiB, median of 10 timed runs.
+// The ceiling `moex bench comm` divides the collectives' bytes by. Throws Unsupported without
+// CUDA or when a device is not visible, InvalidInput when src == dst.
+double measure_peer_copy_gbps(Device src, Device dst);
 // Peak memory of this process on `device`, bytes. CUDA: what moex's caching allocator holds (it
 // returns nothing to the driver while a process runs, so this is its peak; cuBLAS' own handles
 // and the CUDA context are not counted). CPU: the peak resident set (getrusage).

@@ -493,13 +493,16 @@ int run_bench(const std::vector<std::string>& argv) {
     return run_bench_generate(std::vector<std::string>(argv.begin() + 1, argv.end()));
   if (!argv.empty() && argv[0] == "experts")
     return run_bench_experts(std::vector<std::string>(argv.begin() + 1, argv.end()));
+  if (!argv.empty() && argv[0] == "comm")
+    return run_bench_comm(std::vector<std::string>(argv.begin() + 1, argv.end()));
   const std::string subcommands =
       "usage: moex bench generate --model DIR [flags]   end-to-end generation speed with floors\n"
       "       moex bench experts [flags]                experts backends on synthetic weights\n"
+      "       moex bench comm --ep-size N [flags]       expert-parallel collectives over NCCL\n"
       "       moex bench SUBCOMMAND --help              the subcommand's flags\n";
   if (!argv.empty() && (argv[0] == "--help" || argv[0] == "-h")) throw HelpRequested(subcommands);
-  throw InvalidInput(argv.empty() ? "missing subcommand: generate or experts; see moex bench --help"
-                                  : "unknown subcommand '" + argv[0] + "': generate or experts; see moex bench --help");
+  throw InvalidInput(argv.empty() ? "missing subcommand: generate, experts or comm; see moex bench --help"
+                                  : "unknown subcommand '" + argv[0] + "': generate, experts or comm; see moex bench --help");
 }
 
 Registration reg({"bench", "benchmark generation end to end (bench generate) or experts backends (bench experts)",

@@ -20,6 +20,8 @@ void register_command(Command c);
 
 // `moex bench generate` (cmd_bench_generate.cpp), reached through `moex bench`.
 int run_bench_generate(const std::vector<std::string>& argv);
+// `moex bench comm` (cmd_bench_comm.cpp).
+int run_bench_comm(const std::vector<std::string>& argv);
 const std::vector<Command>& commands();
 
 struct Registration {

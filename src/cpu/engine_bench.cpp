@@ -55,6 +55,17 @@ double time_cuda_ms(Device device, const std::function<void()>& fn, bool use_gra
 #endif
 }
 
+double measure_peer_copy_gbps(Device src, Device dst) {
+  if (!src.is_cuda() || !dst.is_cuda())
+    throw Unsupported("peer copies are between CUDA devices, not " + src.str() + " -> " + dst.str());
+  if (src == dst) throw InvalidInput("measure_peer_copy_gbps: two different devices, got " + src.str() + " twice");
+#ifdef MOEX_WITH_CUDA
+  return cuda::bench_peer_copy_gbps(src, dst);
+#else
+  no_cuda(src);
+#endif
+}
+
 int64_t peak_memory_bytes(Device device) {
   if (device.is_cuda()) {
 #ifdef MOEX_WITH_CUDA

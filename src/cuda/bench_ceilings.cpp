@@ -49,6 +49,29 @@ double bench_time_ms(Device device, const std::function<void()>& fn, bool use_gr
   return time_ms(fn, use_graph, warmup, iters);
 }
 
+double bench_peer_copy_gbps(Device src, Device dst) {
+  require_gpu(src);
+  require_gpu(dst);
+  const size_t bytes = size_t(1) << 30;
+  void* b = nullptr;
+  {
+    DeviceGuard guard(dst.index);
+    b = cache_alloc(bytes, dst.index);
+  }
+  DeviceGuard guard(src.index);
+  void* a = cache_alloc(bytes, src.index);
+  cudaStream_t s = current_stream();
+  MOEX_CUDA_CHECK(cudaMemsetAsync(a, 1, bytes, s));
+  const double ms = time_ms(
+      [&] { MOEX_CUDA_CHECK(cudaMemcpyPeerAsync(b, dst.index, a, src.index, bytes, s)); }, false, 3, 10);
+  cache_free(a, src.index);
+  {
+    DeviceGuard g(dst.index);
+    cache_free(b, dst.index);
+  }
+  return double(bytes) / (ms * 1e-3) / 1e9;
+}
+
 int64_t bench_reserved_bytes(Device device) {
   require_gpu(device);
   return int64_t(allocator_stats().bytes_reserved);
