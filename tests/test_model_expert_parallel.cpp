@@ -47,6 +47,7 @@ struct RankRun {
   Tensor logits;
   std::vector<int64_t> greedy;
   int64_t experts_bytes = 0;
+  int64_t weight_bytes = 0;
 };
 
 RankRun run_model(const std::string& model, Communicator* comm, ExpertParallelMode mode) {
@@ -58,6 +59,7 @@ RankRun run_model(const std::string& model, Communicator* comm, ExpertParallelMo
   g.max_new_tokens = 8;
   r.greedy = lm->generate(ref->get("input_ids").slice(0, 0, 1).contiguous(), g).to_int_vector();
   r.experts_bytes = lm->info().experts_weight_bytes;
+  r.weight_bytes = lm->info().weight_bytes;
   return r;
 }
 
@@ -90,6 +92,8 @@ TEST_P(ModelExpertParallel, RanksGiveTheSingleProcessLogitsAndTokens) {
     EXPECT_LE(test::rel_l2_error(got.logits, one.logits), 1e-5) << model << " rank " << r;
     EXPECT_EQ(got.greedy, one.greedy) << model << " rank " << r;
     EXPECT_EQ(got.experts_bytes * ranks, one.experts_bytes) << model << " rank " << r << ": its share of the experts";
+    // The load's byte count (and the GPU's free-memory check) is the rank's share too.
+    EXPECT_EQ(got.weight_bytes, one.weight_bytes - (one.experts_bytes - got.experts_bytes)) << model << " rank " << r;
   }
 }
 

@@ -179,7 +179,8 @@ struct ModelInfo {
   int64_t parameter_count = 0;      // elements of every tensor in the checkpoint
   std::vector<std::string> sub_configs;  // e.g. {"text_config", "vision_config"}; {} for plain LMs
   // Load statistics (from_pretrained): bytes of the weights placed on `device` (after dtype
-  // conversion) and the wall time of the whole load, file reads and copies included.
+  // conversion; with expert parallelism the rank's share of the routed experts) and the wall time
+  // of the whole load, file reads and copies included.
   int64_t weight_bytes = 0;
   double load_seconds = 0;
   // What one step reads and computes, for benchmarks' floors: the experts' share of

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +21,19 @@ const nlohmann::json* find_key(const nlohmann::json& j, const std::string& key) 
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return nullptr;
   return &*it;
+}
+
+// Routed experts' tensors are named "<layer>.mlp.experts.<e>.<proj>..." (one per expert) or
+// "<layer>.mlp.experts.<proj>..." (fused, experts along dim 0); shared experts are not
+// (".shared_expert(s)."). The expert index of a per-expert name, -1 for a fused one, nullopt
+// for any other tensor.
+std::optional<int64_t> routed_expert_of(const std::string& name) {
+  const size_t at = name.find(".experts.");
+  if (at == std::string::npos) return std::nullopt;
+  size_t i = at + 9, j = i;
+  while (j < name.size() && name[j] >= '0' && name[j] <= '9') ++j;
+  if (j == i || j >= name.size() || name[j] != '.') return -1;
+  return std::stoll(name.substr(i, j - i));
 }
 
 }  // namespace
@@ -184,16 +199,35 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
   // is allocated there.
   // Quantized weights and their scales count at their stored size, or, dequantized, at the
   // model dtype's (scales then vanish; an int8 FP4 byte holds two weights).
+  // With expert parallelism only the rank's share of the routed experts counts (what
+  // load_experts reads): its experts' own tensors, count / E of a fused tensor.
+  int64_t per_expert_count = 0;  // E of per-expert checkpoints (the largest index + 1)
+  if (ep_comm_)
+    for (const auto& name : ckpt.names())
+      if (const auto e = routed_expert_of(name); e && *e >= 0) per_expert_count = std::max(per_expert_count, *e + 1);
+  auto rank_share = [&](const std::string& name, const Tensor& t) -> double {
+    const auto e = routed_expert_of(name);
+    if (!ep_comm_ || !e) return 1.0;
+    const int n = ep_comm_->size();
+    const int64_t E = *e >= 0 ? per_expert_count : (t.dim() > 0 ? t.size(0) : 0);
+    if (E < 1 || E % n != 0) return 1.0;  // the shard itself reports this at the layer's load
+    const ExpertShard sh = make_expert_shard(E, n, ep_comm_->rank());
+    if (*e >= 0) return sh.owns(*e) ? 1.0 : 0.0;
+    return double(sh.count) / double(E);
+  };
+  double bytes = 0;
   for (const auto& name : ckpt.names()) {
     if (name.rfind(prefix_, 0) != 0 && name != "lm_head.weight" && name != "lm_head.weight_scale_inv") continue;
     const Tensor t = ckpt.get(name);
     const bool scale = name.size() > 17 && name.compare(name.size() - 17, 17, ".weight_scale_inv") == 0;
     const bool codes = quant_.quantized && (t.dtype() == DType::kF8E4M3 || t.dtype() == DType::kI8);
-    if (quant_.quantized && !quant_.dequantize && (scale || codes)) info_.weight_bytes += int64_t(t.nbytes());
+    const double share = rank_share(name, t);
+    if (quant_.quantized && !quant_.dequantize && (scale || codes)) bytes += share * double(t.nbytes());
     else if (!scale)
-      info_.weight_bytes += shape_numel(t.shape()) * (t.dtype() == DType::kI8 && codes ? 2 : 1) *
-                            int64_t(dtype_size(dt));
+      bytes += share * double(shape_numel(t.shape()) * (t.dtype() == DType::kI8 && codes ? 2 : 1) *
+                              int64_t(dtype_size(dt)));
   }
+  info_.weight_bytes = int64_t(bytes);
   if (dev.is_cuda()) {
     const size_t free = detail::device_free_bytes(dev);
     if (size_t(info_.weight_bytes) > free) {
