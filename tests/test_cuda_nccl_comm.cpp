@@ -52,6 +52,18 @@ std::vector<uint8_t> bytes_of(const Tensor& t) {
   return b;
 }
 
+// The reference: every rank's bytes after the thread group's all_reduce_sum of rank_values.
+std::vector<std::vector<uint8_t>> thread_group_sum(int64_t n, DType dt) {
+  std::vector<std::vector<uint8_t>> want(kRanks);
+  auto threads = make_thread_group(kRanks);
+  test::expect_no_rank_errors(run_ranks(threads, [&](Communicator& c) {
+    Tensor t = rank_values(c.rank(), n, dt);
+    c.all_reduce_sum(t);
+    want[size_t(c.rank())] = bytes_of(t);
+  }));
+  return want;
+}
+
 TEST(CudaNcclComm, NoCudaBuildOrNoGpusSaySo) {
   if (ready()) GTEST_SKIP() << "two GPUs and NCCL present";
   EXPECT_THROW(make_nccl_group({0, 1}), Error);
@@ -62,13 +74,8 @@ TEST(CudaNcclComm, AllReduceSumHasTheThreadGroupsBits) {
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
     for (bool on_device : {true, false}) {
       const int64_t n = 1000003;  // not a multiple of anything
-      std::vector<std::vector<uint8_t>> want(kRanks), got(kRanks);
-      auto threads = make_thread_group(kRanks);
-      test::expect_no_rank_errors(run_ranks(threads, [&](Communicator& c) {
-        Tensor t = rank_values(c.rank(), n, dt);
-        c.all_reduce_sum(t);
-        want[size_t(c.rank())] = bytes_of(t);
-      }));
+      const std::vector<std::vector<uint8_t>> want = thread_group_sum(n, dt);
+      std::vector<std::vector<uint8_t>> got(kRanks);
       auto comms = nccl_group();
       test::expect_no_rank_errors(run_ranks(comms, [&](Communicator& c) {
         Tensor t = rank_values(c.rank(), n, dt);
@@ -173,13 +180,7 @@ TEST(CudaNcclComm, AllReduceSumEnqueueHasTheSameBitsAndReplaysFromAGraph) {
   if (!ready()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
   const int64_t n = 300007;
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    std::vector<std::vector<uint8_t>> want(kRanks);
-    auto threads = make_thread_group(kRanks);
-    test::expect_no_rank_errors(run_ranks(threads, [&](Communicator& c) {
-      Tensor t = rank_values(c.rank(), n, dt);
-      c.all_reduce_sum(t);
-      want[size_t(c.rank())] = bytes_of(t);
-    }));
+    const std::vector<std::vector<uint8_t>> want = thread_group_sum(n, dt);
     auto comms = nccl_group();
     test::expect_no_rank_errors(run_ranks(comms, [&](Communicator& c) {
       const Device dev = Device::cuda(c.rank());

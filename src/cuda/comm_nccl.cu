@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/common.cuh"
 #include "cuda/runtime.hpp"
 #include "moex/comm.hpp"
 
@@ -83,23 +84,11 @@ const NcclApi& nccl() {
 // Rank-order sum of N gathered copies: out[i] = round(((0 + g[0][i]) + g[1][i]) + ...), float32
 // in between, as ThreadCommunicator adds.
 template <class T>
-__device__ __forceinline__ float widen(T v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(v);
-  else return __half2float(v);
-}
-template <class T>
-__device__ __forceinline__ T narrow(float v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(v);
-  else return __float2half_rn(v);
-}
-template <class T>
 __global__ void rank_order_sum_kernel(const T* __restrict__ gathered, T* __restrict__ out, int64_t n, int ranks) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float acc = 0.0f;
-    for (int r = 0; r < ranks; ++r) acc = __fadd_rn(acc, widen(gathered[int64_t(r) * n + i]));
-    out[i] = narrow<T>(acc);
+    for (int r = 0; r < ranks; ++r) acc = __fadd_rn(acc, cuda::to_float(gathered[int64_t(r) * n + i]));
+    out[i] = cuda::from_float<T>(acc);
   }
 }
 

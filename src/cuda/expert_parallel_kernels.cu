@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/common.cuh"
 #include "cuda/runtime.hpp"
 #include "moex/error.hpp"
 
@@ -34,18 +35,6 @@ __global__ void gather_rows_kernel(const Word* __restrict__ src, const int64_t* 
   }
 }
 
-template <class T>
-__device__ __forceinline__ float widen(T v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(v);
-  else return __half2float(v);
-}
-template <class T>
-__device__ __forceinline__ T narrow(float v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(v);
-  else return __float2half_rn(v);
-}
 
 template <class T>
 __global__ void sum_rows_kernel(const T* __restrict__ rows, const int64_t* __restrict__ pos, T* __restrict__ out,
@@ -55,9 +44,9 @@ __global__ void sum_rows_kernel(const T* __restrict__ rows, const int64_t* __res
       float acc = 0.0f;
       for (int64_t j = 0; j < k; ++j) {
         const int64_t p = pos[t * k + j];
-        if (p >= 0) acc = __fadd_rn(acc, widen(rows[p * width + h]));
+        if (p >= 0) acc = __fadd_rn(acc, cuda::to_float(rows[p * width + h]));
       }
-      out[t * width + h] = narrow<T>(acc);
+      out[t * width + h] = cuda::from_float<T>(acc);
     }
 }
 
