@@ -81,6 +81,11 @@ class Communicator {
 
   virtual void barrier() = 0;
 
+  // Throws CommError when the group has been aborted (by any rank, or from another thread); a
+  // host check, no collective. Lets a rank whose collectives run inside replayed graphs (no call
+  // of this interface) stop replaying once its group is gone.
+  virtual void throw_if_aborted() = 0;
+
   // Marks the group failed with `reason`: every pending and later call of every rank throws
   // CommError naming this rank and the reason. Idempotent (the first reason is kept); never throws.
   virtual void abort(const std::string& reason) noexcept = 0;
@@ -101,6 +106,7 @@ class ThreadCommunicator final : public Communicator {
   AllToAllResult all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts) override;
   std::vector<int64_t> all_gather(const std::vector<int64_t>& values) override;
   void barrier() override;
+  void throw_if_aborted() override;
   void abort(const std::string& reason) noexcept override;
 
  private:

@@ -283,6 +283,8 @@ class CausalLM {
   // Called as generate() and logits() finish, their results complete (an expert-parallel GPU
   // model meets its ranks there, see DecoderLM). Throws to fail the call.
   virtual void finish_call() {}
+  // Called before each decode step is launched or replayed. Throws to stop the generation.
+  virtual void before_step() {}
 
   ModelInfo info_;
   std::vector<int64_t> eos_;

@@ -140,6 +140,13 @@ ThreadCommunicator::ThreadCommunicator(std::shared_ptr<ThreadGroup> group, int r
 
 int ThreadCommunicator::size() const { return group_->n; }
 
+void ThreadCommunicator::throw_if_aborted() {
+  std::lock_guard<std::mutex> lock(group_->mu);
+  if (group_->aborted)
+    throw CommError("rank " + std::to_string(rank_) + " of " + std::to_string(group_->n) + ": the group failed: " +
+                    group_->abort_message);
+}
+
 void ThreadCommunicator::abort(const std::string& reason) noexcept {
   try {
     std::lock_guard<std::mutex> lock(group_->mu);

@@ -221,6 +221,8 @@ class NcclCommunicator final : public Communicator {
     agree(kBarrier, DType::kI64, {}, {});
   }
 
+  void throw_if_aborted() override { check_open(); }
+
   void abort(const std::string& reason) noexcept override {
     std::lock_guard<std::mutex> lock(mu_);
     if (aborted_.load()) return;

@@ -143,6 +143,9 @@ class DecoderLM : public CausalLM {
   // decode graph runs them): one barrier per generate / logits makes a rank whose group was
   // aborted meanwhile fail the call instead of returning what the aborted collectives left.
   void finish_call() override;
+  // ... and before each decode step its group must still stand: a replay on an aborted NCCL
+  // communicator would run collectives on freed resources.
+  void before_step() override;
 
  private:
   void record_group(WeightGroupInfo entry);

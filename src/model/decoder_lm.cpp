@@ -154,6 +154,10 @@ void DecoderLM::finish_call() {
   if (ep_comm_ && !info_.device.host_accessible()) ep_comm_->barrier();
 }
 
+void DecoderLM::before_step() {
+  if (ep_comm_) ep_comm_->throw_if_aborted();
+}
+
 DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
                      const nlohmann::json& text_config, std::string weights_prefix)
     : prefix_(std::move(weights_prefix)) {

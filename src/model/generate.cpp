@@ -177,6 +177,7 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
   // Enqueues the replay that feeds new token n (already in the mirror) and the download of the
   // token it chooses (n + 1) into slot (n + 1) % 2.
   auto launch = [&](int64_t n_fed) {
+    before_step();
     kept->graph->replay();
     ++stats_.graph_replays;
     for (auto& l : cache.layers) ++l.filled;
@@ -311,6 +312,7 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
         continue;
       }
     }
+    before_step();
     logits = forward(step, cache, true);
   }
   if (in_flight > 0) {
