@@ -162,8 +162,21 @@ TEST(ThreadComm, ARankThatFailsAbortsTheOthersFast) {
     const std::string m = message_of<CommError>(errors[size_t(r)]);
     EXPECT_NE(m.find("rank 2 aborted: bad weights on this rank"), std::string::npos) << m;
   }
-  // Later calls fail at once too.
+  // Later calls fail at once too, and so does the host check, on every rank.
   EXPECT_THROW(comms[0]->barrier(), CommError);
+  for (auto& c : comms) EXPECT_THROW(c->throw_if_aborted(), CommError);
+}
+
+TEST(ThreadComm, ThrowIfAbortedPassesWhileTheGroupStands) {
+  auto comms = make_thread_group(2);
+  for (auto& c : comms) EXPECT_NO_THROW(c->throw_if_aborted());
+  comms[1]->abort("stopped");
+  try {
+    comms[0]->throw_if_aborted();
+    FAIL() << "no error";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 aborted: stopped"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ThreadComm, APeerThatNeverArrivesTimesOutEveryRank) {
