@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -281,6 +282,75 @@ TEST(CudaQuantExpertsGraph, CapturedCallReplaysWithNewRouting) {
         }
         cudaGraphExecDestroy(exec);
         cudaGraphDestroy(graph);
+      }
+}
+
+
+// The activation quantizer's kernels (warp per block for any K; the vectorised row kernel for
+// 16-bit rows with K % 8 == 0, plain or gathering rows through sorted_pair) against the host
+// quantizer of include/moex/quant.hpp, bit for bit: codes and scales. K with a partial last
+// block, an all-zero block (the 1e-12 scale floor), values at e4m3 midpoints after scaling;
+// rows at or past the device count of valid rows stay untouched.
+TEST(CudaQuantActivation, KernelsMatchTheHostQuantizerBitForBit) {
+  SKIP_WITHOUT_GPU();
+  for (int K : {8, 136, 1000, 1004, 2056, 7168})
+    for (DType act : {DType::kBF16, DType::kF16})
+      for (int variant = 0; variant < 3; ++variant) {
+        // 0: rows in place, scales by row; 1: gathered rows, scales by row; 2: gathered rows,
+        // scales by block (the FP8 wgmma path).
+        const bool gather = variant > 0, by_block = variant == 2;
+        if (gather && K % 8 != 0) continue;  // (the gathered path needs K % 8 == 0)
+        SCOPED_TRACE("K=" + std::to_string(K) + " " + std::string(dtype_name(act)) +
+                     " variant " + std::to_string(variant));
+        const int tokens = 37, top_k = 3, rows = gather ? tokens * top_k : tokens, valid = rows - 5;
+        std::vector<float> xv(size_t(tokens) * K);
+        uint64_t st = 1234 + uint64_t(K);
+        for (size_t i = 0; i < xv.size(); ++i) {
+          st = st * 6364136223846793005ull + 1442695040888963407ull;
+          const double u = double(st >> 11) / double(1ull << 53) - 0.5;
+          xv[i] = float(u * std::exp2(double(int(i / 128 % 9)) - 4.0));
+        }
+        for (int k = 0; k < std::min(K, 128); ++k) xv[size_t(2) * K + k] = 0.f;  // a zero block
+        const Tensor x = Tensor::from_floats(xv, {tokens, K}, act);
+        const std::vector<float> xr = x.to_float_vector();  // as rounded to the element type
+        std::vector<int64_t> perm(static_cast<size_t>(rows));
+        for (int r = 0; r < rows; ++r) perm[size_t(r)] = (r * 7 + 3) % rows;  // a permutation
+        const Tensor sp = Tensor::from_ints(perm, {rows}, DType::kI32).to(Device::cuda());
+        const Tensor nvalid = Tensor::from_ints({valid}, {1}, DType::kI32).to(Device::cuda());
+        const int nb = (K + 127) / 128;
+        Tensor q = Tensor::empty({rows, K}, DType::kU8);
+        std::fill_n(q.data<uint8_t>(), size_t(rows) * K, uint8_t(0xab));
+        Tensor sc = Tensor::zeros({rows, nb}, DType::kF32);
+        q = q.to(Device::cuda());
+        sc = sc.to(Device::cuda());
+        const Tensor xg = x.to(Device::cuda());
+        const moex::cuda::Elem elem =
+            act == DType::kBF16 ? moex::cuda::Elem::kBF16 : moex::cuda::Elem::kF16;
+        moex::cuda::launch_quantize_act_gathered(
+            xg.raw(), elem, gather ? sp.data<int>() : nullptr, top_k, rows, K,
+            nvalid.data<int>(), q.data<uint8_t>(), sc.data<float>(), by_block,
+            moex::cuda::current_stream());
+        moex::cuda::synchronize();
+        const Tensor qh = q.to(Device::cpu()), sh = sc.to(Device::cpu());
+        std::vector<uint8_t> want(static_cast<size_t>(K));
+        std::vector<float> want_s(static_cast<size_t>(nb));
+        int bad = 0;
+        for (int r = 0; r < rows; ++r) {
+          const uint8_t* got = qh.data<uint8_t>() + size_t(r) * K;
+          std::vector<float> got_s(static_cast<size_t>(nb));
+          for (int b = 0; b < nb; ++b)
+            got_s[size_t(b)] = sh.data<float>()[by_block ? size_t(b) * rows + r : size_t(r) * nb + b];
+          if (r >= valid) {
+            bad += std::count_if(got, got + K, [](uint8_t b) { return b != 0xab; }) > 0;
+            continue;
+          }
+          const int64_t src = gather ? perm[size_t(r)] / top_k : r;
+          quant::quantize_activation_row(xr.data() + src * K, K, want.data(), want_s.data());
+          const bool same = std::equal(want.begin(), want.end(), got) &&
+                            std::memcmp(want_s.data(), got_s.data(), sizeof(float) * size_t(nb)) == 0;
+          if (!same && bad++ < 3) ADD_FAILURE() << "row " << r << " differs from the host quantizer";
+        }
+        EXPECT_EQ(bad, 0) << "rows differing (or written past the valid rows)";
       }
 }
 

@@ -115,6 +115,13 @@ void launch_grouped_gemm_simt(const GroupedGemmArgs& a, cudaStream_t stream);
 // r < *valid_rows (all rows when null).
 void launch_quantize_act(const void* x, Elem elem, int64_t rows, int K, const int* valid_rows,
                          uint8_t* q, float* s, cudaStream_t stream);
+// The same for row r read from x[sorted_pair[r] / top_k] when sorted_pair is given (the gather
+// into sorted order fused into the quantizer), and with scales_by_block the scales stored
+// s[b, r] ([ceil(K/128), rows], the FP8 wgmma kernel's layout). Either needs 16-bit x, K a
+// multiple of 8 and 16-byte aligned rows; without both it is launch_quantize_act.
+void launch_quantize_act_gathered(const void* x, Elem elem, const int* sorted_pair, int top_k,
+                                  int64_t rows, int K, const int* valid_rows, uint8_t* q, float* s,
+                                  bool scales_by_block, cudaStream_t stream);
 // The weights of a quantized GEMM: `w` of GroupedGemmArgs holds e4m3 bytes [E, N_rows, K] (FP8)
 // or e2m1 pairs [E, N_rows, K / 2] (FP4, low nibble = even column).
 struct QuantWeightArgs {
@@ -131,12 +138,14 @@ void launch_grouped_gemm_quant(const GroupedGemmArgs& a, const QuantWeightArgs& 
                                const uint8_t* aq, const float* as, cudaStream_t stream);
 // The same on Hopper tensor cores (grouped_gemm_wgmma.cuh, FP8 operands): TMA + wgmma e4m3 with
 // the block scales applied per 128-wide K block. A is read in sorted order: aq [a.a_rows, K]
-// codes and as [a.a_rows, ceil(K/128)] scales of the gathered rows (gate_up too). Needs a
+// codes and as_by_block [ceil(K/128), a.a_rows] scales of the rows in sorted order (gate_up too;
+// launch_quantize_act_gathered with scales_by_block writes both). Needs a
 // compute capability 9.0 device, FP8 weights (not FP4), bf16 / f16 elem, gated concatenated
 // gate_up (or down), K a multiple of 16, 16-byte aligned weights and 128-row route tiles
 // (wgmma_fp8_applies in experts_plan.hpp).
 void launch_grouped_gemm_wgmma_fp8(const GroupedGemmArgs& a, const QuantWeightArgs& w,
-                                   const uint8_t* aq, const float* as, cudaStream_t stream);
+                                   const uint8_t* aq, const float* as_by_block,
+                                   cudaStream_t stream);
 // The same for tiles of one or a few rows (decode): 16-byte weight loads, K a multiple of 16
 // (FP8) / 32 (FP4), 16-byte aligned weights. max_tile_rows: the most rows a tile can hold (1
 // picks the single-row instance).

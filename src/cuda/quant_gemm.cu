@@ -2,6 +2,7 @@
 // compile-time switch over element type, projection kind, weight format and scale format.
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "cuda/launchers.hpp"
 #include "cuda/quant_gemm.cuh"
@@ -45,7 +46,30 @@ QuantGemmParams quant_params(const GemmParams& g, const QuantWeightArgs& w, cons
 
 void launch_quantize_act(const void* x, Elem elem, int64_t rows, int K, const int* valid_rows,
                          uint8_t* q, float* s, cudaStream_t stream) {
+  launch_quantize_act_gathered(x, elem, nullptr, 0, rows, K, valid_rows, q, s, false, stream);
+}
+
+void launch_quantize_act_gathered(const void* x, Elem elem, const int* sorted_pair, int top_k,
+                                  int64_t rows, int K, const int* valid_rows, uint8_t* q, float* s,
+                                  bool scales_by_block, cudaStream_t stream) {
   if (rows <= 0 || K <= 0) return;
+  const bool rows_kernel = elem != Elem::kF32 && K % 8 == 0 &&
+                           reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                           reinterpret_cast<uintptr_t>(q) % 8 == 0;
+  if ((sorted_pair || scales_by_block) && !rows_kernel)
+    throw Error("launch_quantize_act_gathered: needs 16-bit rows, K a multiple of 8 (got " +
+                std::to_string(K) + ") and 16-byte aligned tensors");
+  if (rows_kernel) {
+    if (rows > int64_t(INT32_MAX)) throw Error("launch_quantize_act: too many rows");
+    dispatch_elem(elem, [&](auto t) {
+      using T = decltype(t);
+      if constexpr (sizeof(T) == 2)
+        quantize_rows_kernel<T><<<unsigned(rows), kQuantRowThreads, 0, stream>>>(
+            static_cast<const T*>(x), K, valid_rows, sorted_pair, top_k, q, s, scales_by_block);
+    });
+    MOEX_CUDA_CHECK_LAUNCH(quantize_rows_kernel);
+    return;
+  }
   const int64_t warps = rows * ((K + kQuantBlockK - 1) / kQuantBlockK);
   const unsigned blocks = unsigned((warps + 7) / 8);
   dispatch_elem(elem, [&](auto t) {

@@ -41,6 +41,18 @@ __device__ __forceinline__ float e2m1_value(uint32_t code) {
   return (code & 8u) ? -mag : mag;
 }
 
+// x / s rounded to e4m3 (nearest even). The host quantizer (quant::float_to_f8e4m3) does not
+// saturate, but here |x / s| <= 448 (s >= amax / 448, rounded), where saturating and not agree,
+// and NaN stays NaN in both; Hopper converts with saturation in hardware (cvt ... satfinite,
+// two values per instruction), without it in a software sequence of some 30 instructions,
+// which bound the quantizers below at a quarter of DRAM bandwidth.
+__device__ __forceinline__ uint8_t act_code(float v) {
+  return uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+__device__ __forceinline__ uint32_t act_codes2(float lo, float hi) {
+  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
+}
+
 // One warp per (row, 128-block): s = max(amax / 448, 1e-12), q = e4m3_rne(x / s).
 // Rows at or past *valid_rows (when given) are skipped.
 template <class T>
@@ -70,9 +82,68 @@ __global__ void __launch_bounds__(256) quantize_act_kernel(const T* __restrict__
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int k = b * kQuantBlockK + lane + 32 * i;
-    if (k < K) q[row * K + k] = uint8_t(__nv_cvt_float_to_fp8(v[i] / sc, __NV_NOSAT, __NV_E4M3));
+    if (k < K) q[row * K + k] = act_code(v[i] / sc);
   }
   if (lane == 0) s[row * nb + b] = sc;
+}
+
+// The same quantizer, vectorised: one CTA per row, each half-warp one 128-wide block at a time
+// (16 bytes of x per lane, amax over the half-warp by shuffles, 8 codes per lane). The codes and scales are
+// bit for bit those of quantize_act_kernel (same per-element math). With sorted_pair the row r
+// is read from x[sorted_pair[r] / top_k] (the FP8 wgmma path's gather fused into the quantizer:
+// the gathered bf16 copy [P, K] is neither written nor read back); with by_block the scales are
+// stored s[b, r] ([nb, rows], rows = the grid). Needs K % 8 == 0 and 16-byte aligned rows
+// (launch_quantize_act_gathered checks).
+// Why: on the H200 the gather (0.45 ms) and the quantizer (1.37 ms, 21 % of DRAM bandwidth)
+// of a DeepSeek-V3-sized FP8 call at T = 8192 took half as long as its gate_up GEMM
+// (docs/cuda.md); 16-byte loads, 8-byte stores and the conversions two at a time (act_codes2).
+constexpr int kQuantRowThreads = 256;
+constexpr int kQuantRowUnroll = 4;  // 128-wide blocks in flight per half-warp
+template <class T>
+__global__ void __launch_bounds__(kQuantRowThreads) quantize_rows_kernel(
+    const T* __restrict__ x, int K, const int* valid_rows, const int* __restrict__ sorted_pair,
+    int top_k, uint8_t* __restrict__ q, float* __restrict__ s, bool by_block) {
+  static_assert(sizeof(T) == 2, "16-bit activations");
+  const int64_t r = blockIdx.x;
+  if (valid_rows && r >= *valid_rows) return;
+  const int64_t src = sorted_pair ? int64_t(sorted_pair[r] / top_k) : r;
+  const int nb = (K + kQuantBlockK - 1) / kQuantBlockK;
+  const int half = threadIdx.x / 16, l = threadIdx.x % 16;
+  constexpr int kHalves = kQuantRowThreads / 16;
+  const T* xr = x + src * K;
+  for (int b0 = half; b0 < nb; b0 += kHalves * kQuantRowUnroll) {
+    uint4 raw[kQuantRowUnroll];
+#pragma unroll
+    for (int u = 0; u < kQuantRowUnroll; ++u) {
+      const int k = (b0 + u * kHalves) * kQuantBlockK + 8 * l;
+      raw[u] = k < K ? __ldg(reinterpret_cast<const uint4*>(xr + k)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kQuantRowUnroll; ++u) {
+      const int b = b0 + u * kHalves;
+      if (b >= nb) break;  // (uniform across the half-warp, whose lanes alone shuffle below)
+      const T* e = reinterpret_cast<const T*>(&raw[u]);
+      float v[8], amax = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        v[i] = to_float(e[i]);
+        amax = fmaxf(amax, fabsf(v[i]));
+      }
+      const unsigned mask = 0xffffu << (threadIdx.x & 16);
+#pragma unroll
+      for (int o = 8; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(mask, amax, o, 16));
+      const float sc = fmaxf(amax / 448.f, 1e-12f);
+      const int k = b * kQuantBlockK + 8 * l;
+      if (k < K) {
+        uint32_t w[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < 8; i += 2)
+          w[i / 4] |= act_codes2(v[i] / sc, v[i + 1] / sc) << (8 * (i % 4));
+        *reinterpret_cast<uint2*>(q + r * K + k) = make_uint2(w[0], w[1]);
+      }
+      if (l == 0) s[by_block ? int64_t(b) * gridDim.x + r : r * nb + b] = sc;
+    }
+  }
 }
 
 // What the quantized GEMM reads beyond GemmParams.
