@@ -25,19 +25,28 @@ struct Workspace {
   Tile* tiles;
   int* num_tiles;
   void* h;      // [P, I] elem
-  void* y;      // [P, H] fp32, or elem when y_elem (the fused path)
+  void* y;      // [P, H] fp32, or elem when y_elem (the fused and the FP8 wgmma paths)
   bool y_elem = false;
   float* gu;    // eager: [P, R] fp32
   void* xg;     // eager: [P, H] elem
   void* xs;     // grouped on Hopper: hidden rows gathered in sorted order, [P, H] elem
   uint8_t* xq;  // quantized: hidden codes [T, H] and scales [T, ceil(H/128)] (FP8 wgmma: [P, .]
-                //   of the gathered rows xs, in sorted order)
+                //   of the hidden rows in sorted order)
   float* xqs;
   uint8_t* hq;  // quantized: intermediate codes [P, I] and scales [P, ceil(I/128)]
   float* hqs;
   int max_tiles;
   size_t bytes;
 };
+
+// The FP8 wgmma path's down projection writes y in the element type, as transformers' FP8
+// experts do (their block-scaled matmul returns the activation dtype, which the routing weights
+// then scale): half the bytes of fp32 y written by the GEMM's epilogue and read by the combine.
+// MOEX_FP8_Y_FP32=1 keeps fp32 y (measuring only).
+bool fp8_y_in_elem() {
+  static const bool elem = env_int("MOEX_FP8_Y_FP32", 0) == 0;
+  return elem;
+}
 
 // The buffers each backend needs beyond the common ones. kFused (sonicmoe): no gathered copy of
 // the hidden rows, and y in the element type (half the bytes of fp32 y).
@@ -63,9 +72,11 @@ Workspace carve(const ExpertsArgs& a, int max_tiles, Extra extra, void* base) {
   w.tiles = reinterpret_cast<Tile*>(take(sizeof(Tile) * w.max_tiles));
   w.num_tiles = reinterpret_cast<int*>(take(sizeof(int)));
   w.h = take(es * P * a.intermediate);
-  w.y_elem = extra == Extra::kFused && a.elem != Elem::kF32;
+  const bool fp8_wgmma = extra == Extra::kSortedA && a.quantized;
+  w.y_elem = (extra == Extra::kFused || (fp8_wgmma && fp8_y_in_elem())) && a.elem != Elem::kF32;
   w.y = take((w.y_elem ? es : sizeof(float)) * P * a.hidden);
-  if (extra == Extra::kSortedA) w.xs = take(es * P * a.hidden);
+  // (Quantized experts gather into their codes instead: xq below.)
+  if (extra == Extra::kSortedA && !a.quantized) w.xs = take(es * P * a.hidden);
   if (extra == Extra::kEagerProducts && !a.quantized) {
     w.gu = reinterpret_cast<float*>(take(sizeof(float) * P * gate_up_rows(a)));
     w.xg = take(es * P * a.hidden);
@@ -137,9 +148,10 @@ GroupedGemmArgs gemm_args(const ExpertsArgs& a, const Workspace& w, GemmKind kin
   return g;
 }
 
-// Quantized FP8 experts on Hopper tensor cores: the hidden rows gathered into sorted order (TMA
-// reads A contiguous), quantized per 1 x 128 block, the FP8 wgmma gate_up (activation fused, the
-// intermediate h rounded to the element type), h quantized, the FP8 wgmma down. Positions past
+// Quantized FP8 experts on Hopper tensor cores: the hidden rows quantized per 1 x 128 block
+// straight into sorted order (one pass reads a row and writes its codes; TMA then reads A
+// contiguous; scales by K block), the FP8 wgmma gate_up (activation fused, the intermediate h
+// rounded to the element type), h quantized, the FP8 wgmma down. Positions past
 // the valid pairs (offsets[E]) are neither gathered nor quantized; their rows of a tile are
 // computed from stale codes and never stored.
 void run_quant_gemms_wgmma(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
@@ -148,11 +160,11 @@ void run_quant_gemms_wgmma(const ExpertsArgs& a, const Workspace& w, cudaStream_
   const int64_t P = pairs_of(a);
   const int* valid = w.offsets + a.experts;
   g1.a_rows = g2.a_rows = P;
-  launch_gather_sorted(a.hidden_states, w.sorted_pair, valid, a.top_k, P, int(a.hidden), a.elem,
-                       w.xs, s);
-  launch_quantize_act(w.xs, a.elem, P, a.hidden, valid, w.xq, w.xqs, s);
+  launch_quantize_act_gathered(a.hidden_states, a.elem, w.sorted_pair, a.top_k, P, int(a.hidden),
+                               valid, w.xq, w.xqs, /*scales_by_block=*/true, s);
   launch_grouped_gemm_wgmma_fp8(g1, a.gate_up_q, w.xq, w.xqs, s);
-  launch_quantize_act(w.h, a.elem, P, a.intermediate, valid, w.hq, w.hqs, s);
+  launch_quantize_act_gathered(w.h, a.elem, nullptr, 0, P, a.intermediate, valid, w.hq, w.hqs,
+                               /*scales_by_block=*/true, s);
   launch_grouped_gemm_wgmma_fp8(g2, a.down_q, w.hq, w.hqs, s);
 }
 
@@ -208,7 +220,8 @@ void run_gemms(const ExpertsArgs& a, const Workspace& w, const ExpertsPlan& plan
 }
 
 void run_combine(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
-  // (The fused path passes the routing weights in the hidden dtype, as transformers' sonicmoe.)
+  // (With y in elem the routing weights are rounded to it too, as transformers' sonicmoe and
+  // FP8 experts multiply them in the hidden dtype.)
   launch_combine(w.y, w.y_elem, w.pos_of_pair, a.top_k_index, a.index_i64, a.top_k_weights,
                  a.weights_elem, a.weights_per_expert, /*round_weights=*/w.y_elem, a.tokens, a.top_k,
                  a.experts, a.hidden, a.elem, a.out, s);

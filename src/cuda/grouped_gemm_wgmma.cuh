@@ -79,7 +79,8 @@ constexpr int wgmma_bk() {
 
 // The FP8 format's block scales (unused otherwise).
 struct WgmmaScales {
-  const float* a = nullptr;     // A's scales [rows, kb], in A's (sorted) row order
+  const float* a = nullptr;     // A's scales [kb, a_rows]: by K block, then A's (sorted) rows
+  int64_t a_rows = 0;           // (so a warp's scale loads of one stage are contiguous)
   const void* b = nullptr;      // weight scales [E, scale rows, kb]: f32, or UE8M0 bytes
   int64_t b_expert_stride = 0;  // elements
   int kb = 0;                   // ceil(K / 128)
@@ -453,14 +454,14 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
       for (int m = 0; m < kHalves; ++m)
 #pragma unroll
         for (int i = 0; i < NACC; ++i) acc[m][i] = 0.f;
-      for (int kb = 0; kb < KT; ++kb, ++it) {
-        const int s = it % STAGES;
-        // FP8: this K block's scales, loaded before the wait so that their latency hides behind
-        // it: scale[m][h][g] = activation scale of the thread's row (h: + 8) x weight scale of
-        // group g's 128-row block (gated: gate, up). Rows past the tile's get 0.
-        [[maybe_unused]] float scale[kHalves][2][kGroups];
+      // FP8: the K blocks' scales, one block ahead: sa[m][h] = activation scale of the thread's
+      // row (h: + 8; 0 past the tile's rows), sb[g] = weight scale of group g's 128-row block
+      // (gated: gate, up). Block kb + 1's are loaded once block kb's MMAs are issued, so their
+      // latency hides behind a whole stage. (Loaded at the top of their own block, ncu showed
+      // the promotion stalled on them, and the FP8 call was 5-7 % slower: docs/cuda.md.)
+      [[maybe_unused]] float sa[kHalves][2], sb[kGroups];
+      auto load_scales = [&](int kb) {
         if constexpr (kScaled) {
-          float sb[kGroups];
 #pragma unroll
           for (int g = 0; g < kGroups; ++g) {
             const int64_t srow = (g ? sc.up_row0 : 0) + n0 / 128;
@@ -471,11 +472,23 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const int r = (kPingPong ? m : c) * 64 + warp * 16 + lane / 4 + 8 * h;
-              const float sa =
-                  r < tile_rows ? __ldg(sc.a + int64_t(row_start + r) * sc.kb + kb) : 0.f;
-#pragma unroll
-              for (int g = 0; g < kGroups; ++g) scale[m][h][g] = sa * sb[g];
+              sa[m][h] =
+                  r < tile_rows ? __ldg(sc.a + int64_t(kb) * sc.a_rows + row_start + r) : 0.f;
             }
+        }
+      };
+      load_scales(0);
+      for (int kb = 0; kb < KT; ++kb, ++it) {
+        const int s = it % STAGES;
+        // FP8: this K block's scale products: scale[m][h][g] = sa[m][h] x sb[g].
+        [[maybe_unused]] float scale[kHalves][2][kGroups];
+        if constexpr (kScaled) {
+#pragma unroll
+          for (int m = 0; m < kHalves; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int g = 0; g < kGroups; ++g) scale[m][h][g] = sa[m][h] * sb[g];
         }
         sm90::mbar_wait(&full[s], (it / STAGES) & 1);
         if constexpr (kGatherA) sm90::fence_proxy_async_shared();  // (A came through cp.async)
@@ -500,6 +513,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
 #pragma unroll
         for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(mma_regs(m));
         if constexpr (kScaled) {
+          if (kb + 1 < KT) load_scales(kb + 1);
           // Promotion: the block's MMAs must retire before their sums are scaled, so no batch
           // stays in flight here; the other consumer warpgroup's MMAs keep the tensor cores busy.
           sm90::wgmma_wait<0>();

@@ -19,7 +19,8 @@ void launch_fp8(const GroupedGemmArgs& a, const WgmmaScales& sc, cudaStream_t st
 }  // namespace
 
 void launch_grouped_gemm_wgmma_fp8(const GroupedGemmArgs& a, const QuantWeightArgs& w,
-                                   const uint8_t* aq, const float* as, cudaStream_t stream) {
+                                   const uint8_t* aq, const float* as_by_block,
+                                   cudaStream_t stream) {
   if (a.max_tiles <= 0) return;
   auto fail = [](const std::string& why) {
     throw Error("launch_grouped_gemm_wgmma_fp8: " + why);
@@ -28,12 +29,13 @@ void launch_grouped_gemm_wgmma_fp8(const GroupedGemmArgs& a, const QuantWeightAr
   if (a.elem == Elem::kF32) fail("bf16 / f16 activations only");
   if (a.kind == GemmKind::kGateUp && !(a.gated && a.concatenated))
     fail("gate_up must be gated with gate and up concatenated");
-  if (a.K % 16 != 0 || a.a_rows <= 0 || a.w_rows_total <= 0 || !aq || !as)
+  if (a.K % 16 != 0 || a.a_rows <= 0 || a.w_rows_total <= 0 || !aq || !as_by_block)
     fail("K must be a multiple of 16 and A given in sorted order (aq, as, a_rows)");
   GroupedGemmArgs g = a;
   g.a_sorted = aq;
   WgmmaScales sc;
-  sc.a = as;
+  sc.a = as_by_block;
+  sc.a_rows = a.a_rows;
   sc.b = w.scale;
   sc.b_expert_stride = w.scale_expert_stride;
   sc.kb = (a.K + kQuantBlockK - 1) / kQuantBlockK;
