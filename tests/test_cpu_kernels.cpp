@@ -278,14 +278,20 @@ TEST_P(KernelsOfPath, EveryRowCountMatchesDoubleReference) {
 INSTANTIATE_TEST_SUITE_P(Cpu, KernelsOfPath, ::testing::ValuesIn(cpu::kAllKernelPaths),
                          path_param_name);
 
-// The vendor read from cpuid agrees with the compiler's own check, and picks the block-scaled
-// kernel's weight-row pairing measured for it (docs/cpu.md).
+// The vendor read from cpuid agrees with the compiler's own check, and the vendor and family
+// pick the block-scaled kernel's weight-row pairing measured for them (docs/cpu.md).
 TEST(CpuEngine, VendorAndBlockScaledPairing) {
-  EXPECT_EQ(cpu::detect_cpu_features().intel, bool(__builtin_cpu_is("intel")));
+  const cpu::CpuFeatures& here = cpu::detect_cpu_features();
+  EXPECT_EQ(here.intel, bool(__builtin_cpu_is("intel")));
+  if (__builtin_cpu_is("amd")) EXPECT_GE(here.family, 0x10) << "AMD families use the extended field";
   cpu::CpuFeatures f;
   f.intel = true;
+  f.family = 6;
   EXPECT_EQ(cpu::block_scaled_pair_from_rows(f), 1);
   f.intel = false;
+  f.family = 25;  // Zen 4
+  EXPECT_EQ(cpu::block_scaled_pair_from_rows(f), 1);
+  f.family = 26;  // Zen 5
   EXPECT_EQ(cpu::block_scaled_pair_from_rows(f), 3);
 }
 

@@ -23,6 +23,8 @@ CpuFeatures read_cpu_features() {
   if (!__get_cpuid(0, &a, &b, &c, &d)) return f;
   f.intel = b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // "Genu" "ineI" "ntel"
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const int base_family = int((a >> 8) & 0xf);
+  f.family = base_family == 0xf ? base_family + int((a >> 20) & 0xff) : base_family;
   const bool fma = c & (1u << 12), osxsave = c & (1u << 27);
   if (!osxsave) return f;
   const uint64_t xcr0 = xgetbv0();
@@ -79,8 +81,10 @@ KernelPath best_kernel_path(const CpuFeatures& f) {
 // 26 with pairs), so pairs start at 3 there; on 2 cores of an Intel Xeon (AVX512-BF16 + AMX, ~33
 // GB/s DRAM read) one stream per thread stayed at ~21 GB/s and pairs reached ~25 at 1 row, and
 // `moex bench experts --dtype fp8` (DeepSeek-V3-sized experts, T = 1) went from 20.7 to 17.3 ms
-// (53 -> 62 % of the floor), so pairs start at 1 on Intel. docs/cpu.md keeps both runs.
-int block_scaled_pair_from_rows(const CpuFeatures& f) { return f.intel ? 1 : 3; }
+// (53 -> 62 % of the floor), so pairs start at 1 on Intel. On 2 cores of a Zen 4 EPYC (family
+// 25, ~57 GB/s DRAM read) pairs were faster at 1 and 2 rows too (31 / 26 GB/s against 21-26 /
+// 16-18), so only Zen 5 keeps one stream per thread below 3 rows. docs/cpu.md keeps the runs.
+int block_scaled_pair_from_rows(const CpuFeatures& f) { return !f.intel && f.family == 26 ? 3 : 1; }
 
 bool kernel_path_supported(KernelPath p) { return kernel_path_supported(p, detect_cpu_features()); }
 KernelPath best_kernel_path() { return best_kernel_path(detect_cpu_features()); }

@@ -51,6 +51,7 @@ inline KernelPath parse_kernel_path(std::string_view name) { return parse_cpu_ke
 struct CpuFeatures {
   bool avx2_fma = false, avx512 = false, avx512bf16 = false, amx = false;
   bool intel = false;  // vendor "GenuineIntel" (a measured kernel choice differs by vendor)
+  int family = 0;      // cpuid's display family (base + extended): AMD Zen 4 = 25, Zen 5 = 26
 };
 // This machine's, read once per process (the AMX permission request is the only side effect).
 const CpuFeatures& detect_cpu_features();
