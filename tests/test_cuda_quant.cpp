@@ -285,11 +285,10 @@ TEST(CudaQuantExpertsGraph, CapturedCallReplaysWithNewRouting) {
       }
 }
 
-
 // The activation quantizer's kernels (warp per block for any K; the vectorised row kernel for
 // 16-bit rows with K % 8 == 0, plain or gathering rows through sorted_pair) against the host
 // quantizer of include/moex/quant.hpp, bit for bit: codes and scales. K with a partial last
-// block, an all-zero block (the 1e-12 scale floor), values at e4m3 midpoints after scaling;
+// block, an all-zero block (the 1e-12 scale floor), blocks whose magnitudes span 2^-5 .. 2^4;
 // rows at or past the device count of valid rows stay untouched.
 TEST(CudaQuantActivation, KernelsMatchTheHostQuantizerBitForBit) {
   SKIP_WITHOUT_GPU();

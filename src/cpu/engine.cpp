@@ -82,7 +82,7 @@ KernelPath best_kernel_path(const CpuFeatures& f) {
 // GB/s DRAM read) one stream per thread stayed at ~21 GB/s and pairs reached ~25 at 1 row, and
 // `moex bench experts --dtype fp8` (DeepSeek-V3-sized experts, T = 1) went from 20.7 to 17.3 ms
 // (53 -> 62 % of the floor), so pairs start at 1 on Intel. On 2 cores of a Zen 4 EPYC (family
-// 25, ~57 GB/s DRAM read) pairs were faster at 1 and 2 rows too (31 / 26 GB/s against 21-26 /
+// 25, 33-58 GB/s DRAM read) pairs were faster at 1 and 2 rows too (31 / 26 GB/s against 21-26 /
 // 16-18), so only Zen 5 keeps one stream per thread below 3 rows. docs/cpu.md keeps the runs.
 int block_scaled_pair_from_rows(const CpuFeatures& f) { return !f.intel && f.family == 26 ? 3 : 1; }
 

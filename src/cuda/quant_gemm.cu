@@ -60,7 +60,7 @@ void launch_quantize_act_gathered(const void* x, Elem elem, const int* sorted_pa
     throw Error("launch_quantize_act_gathered: needs 16-bit rows, K a multiple of 8 (got " +
                 std::to_string(K) + ") and 16-byte aligned tensors");
   if (rows_kernel) {
-    if (rows > int64_t(INT32_MAX)) throw Error("launch_quantize_act: too many rows");
+    if (rows > int64_t(INT32_MAX)) throw Error("launch_quantize_act_gathered: too many rows");
     dispatch_elem(elem, [&](auto t) {
       using T = decltype(t);
       if constexpr (sizeof(T) == 2)

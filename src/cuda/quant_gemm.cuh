@@ -88,8 +88,8 @@ __global__ void __launch_bounds__(256) quantize_act_kernel(const T* __restrict__
 }
 
 // The same quantizer, vectorised: one CTA per row, each half-warp one 128-wide block at a time
-// (16 bytes of x per lane, amax over the half-warp by shuffles, 8 codes per lane). The codes and scales are
-// bit for bit those of quantize_act_kernel (same per-element math). With sorted_pair the row r
+// (16 bytes of x per lane, amax over the half-warp by shuffles, 8 codes per lane). The codes
+// and scales are bit for bit those of quantize_act_kernel (same per-element math). With sorted_pair the row r
 // is read from x[sorted_pair[r] / top_k] (the FP8 wgmma path's gather fused into the quantizer:
 // the gathered bf16 copy [P, K] is neither written nor read back); with by_block the scales are
 // stored s[b, r] ([nb, rows], rows = the grid). Needs K % 8 == 0 and 16-byte aligned rows
