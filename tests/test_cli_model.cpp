@@ -171,6 +171,27 @@ TEST_F(Cli, ExpertParallelRanksGiveTransformersTokensAndLogits) {
   expect_clean_error(base + "--ep-size 0", "--ep-size must be between 1 and 1024");
 }
 
+// --tp-size N: attention heads and dense columns split over N in-process ranks (alone, and with
+// --ep-size N on the same ranks): transformers' greedy tokens; one clear error for sizes that
+// disagree, heads the ranks do not divide, or an architecture moex does not split.
+TEST_F(Cli, TensorParallelRanksGiveTransformersTokens) {
+  auto ref = reference("qwen2_moe");
+  const auto greedy = ref->get("greedy_fp32").to_int_vector();
+  const auto prompt = std::vector<int64_t>(greedy.begin(), greedy.begin() + 11);
+  for (const char* sizes : {"--tp-size 2", "--tp-size 2 --ep-size 2"}) {
+    Result r = run("generate --model " + model("qwen2_moe") + " --prompt-ids " + join(prompt) +
+                   " --max-new-tokens 12 " + sizes);
+    ASSERT_EQ(r.exit_code, 0) << sizes << ": " << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["sequences"][0].get<std::vector<int64_t>>(), greedy) << sizes;
+  }
+  const std::string base = "generate --model " + model("mixtral") + " --prompt-ids 1,2,3 ";
+  expect_clean_error(base + "--tp-size 2 --ep-size 4", "--ep-size 4 and --tp-size 2 differ");
+  expect_clean_error(base + "--tp-size 4", "num_key_value_heads (2) does not split into --tp-size 4");
+  expect_clean_error(base + "--tp-size 0", "--tp-size must be between 1 and 1024");
+  expect_clean_error("generate --model " + model("olmoe") + " --prompt-ids 1,2,3 --tp-size 2",
+                     "tensor parallelism (--tp-size 2) is not available for olmoe");
+}
+
 // moex launch: N processes with RANK / LOCAL_RANK / WORLD_SIZE / MOEX_RENDEZVOUS (a stand-in
 // program, MOEX_LAUNCH_PROGRAM, prints them); when one rank fails the others are stopped after
 // the grace period and the launcher exits with the failed rank's code, naming it; launched ranks

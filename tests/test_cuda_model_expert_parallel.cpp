@@ -44,8 +44,9 @@ std::string checkpoint(const std::string& model, DType dt) {
 }
 
 LoadOptions options(Device dev, DType dt, Communicator* comm,
-                    ExpertParallelMode mode = ExpertParallelMode::kReplicated) {
+                    ExpertParallelMode mode = ExpertParallelMode::kReplicated, bool tensor_parallel = false) {
   LoadOptions o;
+  o.tp_comm = tensor_parallel ? comm : nullptr;
   o.ep_mode = mode;
   o.dtype = dt;
   o.device = dev;
@@ -62,9 +63,9 @@ struct ModelRun {
 };
 
 ModelRun run_model(const std::string& model, DType dt, Device dev, Communicator* comm,
-                   ExpertParallelMode mode = ExpertParallelMode::kReplicated) {
+                   ExpertParallelMode mode = ExpertParallelMode::kReplicated, bool tensor_parallel = false) {
   auto ref = SafetensorsFile::open(test::data_path("hf-tiny/" + model + "/reference.safetensors"));
-  auto lm = from_pretrained(checkpoint(model, dt), options(dev, dt, comm, mode));
+  auto lm = from_pretrained(checkpoint(model, dt), options(dev, dt, comm, mode, tensor_parallel));
   ModelRun r;
   r.logits = lm->logits(ref->get("input_ids"));
   GenerationOptions g;
@@ -76,11 +77,12 @@ ModelRun run_model(const std::string& model, DType dt, Device dev, Communicator*
 }
 
 std::vector<ModelRun> run_ranks_of(const std::string& model, DType dt,
-                                   ExpertParallelMode mode = ExpertParallelMode::kReplicated) {
+                                   ExpertParallelMode mode = ExpertParallelMode::kReplicated,
+                                   bool tensor_parallel = false) {
   auto comms = nccl_group();
   std::vector<ModelRun> runs(kRanks);
   test::expect_no_rank_errors(run_ranks(comms, [&](Communicator& c) {
-    runs[size_t(c.rank())] = run_model(model, dt, c.device(), &c, mode);
+    runs[size_t(c.rank())] = run_model(model, dt, c.device(), &c, mode, tensor_parallel);
   }));
   return runs;
 }
@@ -133,6 +135,26 @@ TEST(CudaModelExpertParallelOneGpu, AGroupOfOneGivesTheModelsLogitsAndTokens) {
       EXPECT_EQ(got.greedy, one.greedy) << model << m;
       EXPECT_EQ(got.graph, mode == ExpertParallelMode::kReplicated) << model << m;
     }
+  }
+}
+
+// Tensor parallelism of attention and dense layers on the same two ranks as the experts: the
+// partial sums after o_proj / down are enqueued NCCL work, captured in the decode graph.
+TEST(CudaModelTensorParallel, TwoGpusGiveTheOneGpuLogitsAndTokens) {
+  if (!ready()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
+  for (const char* model : {"qwen2_moe", "mixtral", "deepseek_v3", "qwen3_vl_moe"}) {
+    auto ref = SafetensorsFile::open(test::data_path("hf-tiny/" + std::string(model) + "/reference.safetensors"));
+    const ModelRun one = run_model(model, DType::kF32, Device::cuda(0), nullptr);
+    const std::vector<ModelRun> runs = run_ranks_of(model, DType::kF32, ExpertParallelMode::kReplicated, true);
+    for (int r = 0; r < kRanks && !::testing::Test::HasFailure(); ++r) {
+      EXPECT_LE(test::rel_l2_error(runs[size_t(r)].logits, one.logits), 1e-4) << model << " rank " << r;
+      EXPECT_EQ(runs[size_t(r)].greedy, ref->get("greedy_fp32").to_int_vector()) << model << " rank " << r;
+      EXPECT_TRUE(runs[size_t(r)].graph) << model << " rank " << r;
+    }
+    const std::vector<ModelRun> bf16 = run_ranks_of(model, DType::kBF16, ExpertParallelMode::kReplicated, true);
+    const ModelRun one_bf16 = run_model(model, DType::kBF16, Device::cuda(0), nullptr);
+    for (int r = 0; r < kRanks && !::testing::Test::HasFailure(); ++r)
+      EXPECT_LE(test::rel_l2_error(bf16[size_t(r)].logits, one_bf16.logits), 2e-2) << model << " bf16 rank " << r;
   }
 }
 

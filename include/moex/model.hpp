@@ -91,6 +91,13 @@ struct LoadOptions {
   // steps run without a graph (GenerationStats::graph_note says so). Null: no parallelism.
   Communicator* ep_comm = nullptr;
   ExpertParallelMode ep_mode = ExpertParallelMode::kReplicated;
+  // Tensor parallelism of the attention and dense layers (docs/expert_parallel.md): with a
+  // communicator of N ranks each rank loads 1 / N of the attention heads and of the dense MLPs'
+  // and shared experts' intermediate columns, and the ranks sum their partial outputs after each
+  // such block, so every rank holds the whole hidden state. May be the same group as ep_comm.
+  // Architectures that cannot split (gpt_oss; olmoe, whose q / k norm spans every head) and
+  // head or column counts that N does not divide are InvalidInput / Unsupported at load. Null: none.
+  Communicator* tp_comm = nullptr;
 };
 
 // LoadOptions from the strings a user types ("" = the default): dtype "float32" / "bfloat16"

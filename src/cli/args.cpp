@@ -199,6 +199,8 @@ std::vector<Flag> ep_flags() {
                        "on the CPU; on GPUs rank r on cuda:r, or one process per GPU under moex launch)"},
       {"ep-mode", "MODE", "replicated (default: every rank runs all tokens on its experts, outputs "
                           "summed) or all-to-all (rows dispatched to the experts' ranks; host models)"},
+      {"tp-size", "N", "tensor parallelism of attention and dense layers: N ranks, each holding 1/N of "
+                       "the heads and dense columns, partial outputs summed (with --ep-size N: the same ranks)"},
   };
 }
 
@@ -242,14 +244,26 @@ void run_ep_ranks(const Args& a, const LoadOptions& options,
                   const std::function<void(LoadOptions&, bool lead)>& body) {
   const ExpertParallelMode mode = parse_ep_mode(a.get_or("ep-mode", "replicated"));
   const LaunchedRank launched = launched_rank();
-  const int64_t n = a.get_int("ep-size", launched.world > 1 ? launched.world : 1);
-  if (n < 1 || n > 1024) throw InvalidInput("--ep-size must be between 1 and 1024, got " + std::to_string(n));
+  const int64_t ep = a.get_int("ep-size", launched.world > 1 ? launched.world : 1);
+  const int64_t tp = a.get_int("tp-size", 1);
+  if (ep < 1 || ep > 1024) throw InvalidInput("--ep-size must be between 1 and 1024, got " + std::to_string(ep));
+  if (tp < 1 || tp > 1024) throw InvalidInput("--tp-size must be between 1 and 1024, got " + std::to_string(tp));
+  // One group of ranks serves both: each size is 1 or the group's.
+  const int64_t n = std::max(ep, tp);
+  if (ep != 1 && tp != 1 && ep != tp)
+    throw InvalidInput("--ep-size " + std::to_string(ep) + " and --tp-size " + std::to_string(tp) +
+                       " differ: the two run on the same ranks (give one of them, or equal sizes)");
+  auto set_comms = [&](LoadOptions& o, Communicator* c) {
+    o.ep_comm = ep > 1 ? c : nullptr;
+    o.tp_comm = tp > 1 ? c : nullptr;
+    o.ep_mode = mode;
+  };
 
   // One process per rank (moex launch): this process is rank RANK on GPU LOCAL_RANK.
   if (launched.world > 1) {
     if (n != launched.world)
-      throw InvalidInput("--ep-size " + std::to_string(n) + " but " + std::to_string(launched.world) +
-                         " processes were launched (WORLD_SIZE)");
+      throw InvalidInput(std::string(ep >= tp ? "--ep-size " : "--tp-size ") + std::to_string(n) + " but " +
+                         std::to_string(launched.world) + " processes were launched (WORLD_SIZE)");
     if (!options.device.is_cuda() || options.device.index != 0)
       throw InvalidInput("launched ranks run on GPUs, one per process (rank r on cuda:LOCAL_RANK): give "
                          "--device cuda; on the CPU run --ep-size N in one process instead");
@@ -260,8 +274,7 @@ void run_ep_ranks(const Args& a, const LoadOptions& options,
     const auto comm = make_nccl_rank(launched.rank, launched.world, launched.local, launched.rendezvous);
     LoadOptions o = options;
     o.device = comm->device();
-    o.ep_comm = comm.get();
-    o.ep_mode = mode;
+    set_comms(o, comm.get());
     try {
       body(o, launched.rank == 0);
     } catch (const std::exception& e) {
@@ -270,8 +283,8 @@ void run_ep_ranks(const Args& a, const LoadOptions& options,
     }
     return;
   }
+  if (a.has("ep-mode") && ep == 1) throw InvalidInput("--ep-mode needs --ep-size N with N > 1");
   if (n == 1) {
-    if (a.has("ep-mode")) throw InvalidInput("--ep-mode needs --ep-size N with N > 1");
     LoadOptions o = options;
     body(o, true);
     return;
@@ -280,13 +293,13 @@ void run_ep_ranks(const Args& a, const LoadOptions& options,
   std::vector<std::unique_ptr<Communicator>> comms;
   if (options.device.is_cuda()) {
     if (options.device.index != 0)
-      throw InvalidInput("--ep-size " + std::to_string(n) + " on GPUs places rank r on cuda:r: give --device cuda");
+      throw InvalidInput("--ep-size / --tp-size " + std::to_string(n) + " on GPUs places rank r on cuda:r: give --device cuda");
     std::vector<int> devices;
     for (int r = 0; r < int(n); ++r) devices.push_back(r);
     try {
       comms = make_nccl_group(devices);
     } catch (const Unsupported& e) {
-      throw Unsupported("--ep-size " + std::to_string(n) + " on GPUs: " + e.what());
+      throw Unsupported("--ep-size / --tp-size " + std::to_string(n) + " on GPUs: " + e.what());
     }
   } else {
     comms = make_thread_group(int(n));
@@ -294,8 +307,7 @@ void run_ep_ranks(const Args& a, const LoadOptions& options,
   const auto errors = run_ranks(comms, [&](Communicator& c) {
     LoadOptions o = options;
     if (o.device.is_cuda()) o.device = c.device();
-    o.ep_comm = &c;
-    o.ep_mode = mode;
+    set_comms(o, &c);
     body(o, c.rank() == 0);
   });
   // The error to report: a rank's own, before the CommErrors its abort caused in the others.

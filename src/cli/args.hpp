@@ -75,7 +75,8 @@ LoadOptions load_options(const Args& a);
 std::vector<Flag> decode_flags();
 // --ep-size N and --ep-mode (moex generate, moex logits, moex bench generate): expert parallelism
 // over N ranks, each model holding 1 / N of every MoE layer's routed experts
-// (LoadOptions::ep_comm; docs/expert_parallel.md).
+// (LoadOptions::ep_comm; docs/expert_parallel.md), and --tp-size N (LoadOptions::tp_comm: the
+// attention and dense layers split over the same N ranks).
 std::vector<Flag> ep_flags();
 // Runs body(options, lead) on the ranks, each with its communicator (and device) in options, rank
 // 0 as the lead (the one that prints):

@@ -268,6 +268,7 @@ int run_bench_generate(const std::vector<std::string>& argv) {
         j["dtype"] = std::string(dtype_name(info.dtype));
         j["experts_implementation"] = lm->get_experts_implementation();
         j["ep_size"] = o.ep_comm ? o.ep_comm->size() : 1;
+        j["tp_size"] = o.tp_comm ? o.tp_comm->size() : 1;
         j["repeats"] = repeats;
         j["graph"] = t.graph;
         j["graph_reused"] = t.graph_reused;

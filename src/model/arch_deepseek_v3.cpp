@@ -141,6 +141,12 @@ class DeepseekV3LM final : public DecoderLM {
     eps_ = float(c.rms_norm_eps);
     // The cache holds [latent; rope key] per token; a decode step's absorbed MQA computes
     // q.k over kv_lora + rope and p.v over kv_lora per head and pair (see the top of this file).
+    // Tensor parallelism: whole heads per rank (q_b / kv_b rows, o_proj columns); the latent
+    // path (q_a, kv_a, their norms) and so the compressed cache are replicated.
+    const TpSplit tp_share = tp();
+    if (tp_share.parts > 1) tp_share.along(TpSplit::Dim::kOut).range(heads_, c.where + ": num_attention_heads");
+    const int64_t all_heads = heads_, h0 = heads_ / tp_share.parts * tp_share.index;
+    heads_ /= tp_share.parts;
     set_attention_cost(kv_lora_ + rope_dim_, 2 * heads_ * (kv_lora_ + rope_dim_ + kv_lora_));
 
     const ExpertsSpec spec = gated_experts_spec(E, H, moe_inter, activation);
@@ -156,17 +162,19 @@ class DeepseekV3LM final : public DecoderLM {
       if (q_lora_ > 0) {
         a.q_a_proj = load_linear(ckpt, ap + "q_a_proj", q_lora_, H, dt, attn_bias, dev, false, q);
         a.q_a_norm = load_vector(ckpt, ap + "q_a_layernorm.weight", q_lora_, dt, dev);
-        a.q_b_proj = load_linear(ckpt, ap + "q_b_proj", heads_ * qk_dim_, q_lora_, dt, false, dev, false, q);
+        a.q_b_proj = load_linear(ckpt, ap + "q_b_proj", all_heads * qk_dim_, q_lora_, dt, false, dev, false, q,
+                                 tp_share.along(TpSplit::Dim::kOut, qk_dim_));
         record_weights("attention", {&a.q_a_proj, &a.q_b_proj});
       } else {
-        a.q_proj = load_linear(ckpt, ap + "q_proj", heads_ * qk_dim_, H, dt, false, dev, false, q);
+        a.q_proj = load_linear(ckpt, ap + "q_proj", all_heads * qk_dim_, H, dt, false, dev, false, q,
+                               tp_share.along(TpSplit::Dim::kOut, qk_dim_));
         record_weights("attention", {&a.q_proj});
       }
       a.kv_a_proj = load_linear(ckpt, ap + "kv_a_proj_with_mqa", kv_lora_ + rope_dim_, H, dt, attn_bias, dev, false, q);
       a.kv_a_norm = load_vector(ckpt, ap + "kv_a_layernorm.weight", kv_lora_, dt, dev);
       // The absorbed decode reads kv_b_proj per head (ops::linear_per_group): keep its tensor.
-      a.kv_b_proj = load_linear(ckpt, ap + "kv_b_proj", heads_ * (nope_ + v_dim_), kv_lora_, dt, false, dev,
-                                /*keep_tensor=*/true, q);
+      a.kv_b_proj = load_linear(ckpt, ap + "kv_b_proj", all_heads * (nope_ + v_dim_), kv_lora_, dt, false, dev,
+                                /*keep_tensor=*/true, q, tp_share.along(TpSplit::Dim::kOut, nope_ + v_dim_));
       Tensor per_head = a.kv_b_proj.weight.tensor;
       if (a.kv_b_proj.weight.quantized()) {
         // Block-quantized, kv_b_proj has no per-head form (a 128-row block spans heads' key and
@@ -175,18 +183,22 @@ class DeepseekV3LM final : public DecoderLM {
         // heads x (nope + v) x kv_lora values per layer (33.5 MB of bf16 in DeepSeek-V3) and keeps
         // a decode step's work independent of the cache length (the expanded form re-expands
         // every cached latent each step, with the length on the host: no decode graph).
-        per_head = read_dequantized(ckpt, ap + "kv_b_proj", heads_ * (nope_ + v_dim_), kv_lora_, dt).to(dev);
+        per_head = read_dequantized(ckpt, ap + "kv_b_proj", all_heads * (nope_ + v_dim_), kv_lora_, dt)
+                       .slice(0, h0 * (nope_ + v_dim_), (h0 + heads_) * (nope_ + v_dim_))
+                       .contiguous()
+                       .to(dev);
         record_weights("attention", per_head);
       }
       a.w_uk = {per_head, heads_, nope_ + v_dim_, 0, nope_};
       a.w_uv = {per_head, heads_, nope_ + v_dim_, nope_, v_dim_};
-      a.o_proj = load_linear(ckpt, ap + "o_proj", H, heads_ * v_dim_, dt, attn_bias, dev, false, q);
+      a.o_proj = load_linear(ckpt, ap + "o_proj", H, all_heads * v_dim_, dt, attn_bias, dev, false, q,
+                             tp_share.along(TpSplit::Dim::kIn, v_dim_));
       record_weights("attention", {&a.kv_a_proj, &a.kv_b_proj, &a.o_proj});
       L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, dt, dev);
       L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, dt, dev);
 
       if (l < first_dense) {
-        L.dense = load_gated_mlp(ckpt, p + "mlp", H, inter, dt, activation, dev, q);
+        L.dense = load_gated_mlp(ckpt, p + "mlp", H, inter, dt, activation, dev, q, tp_share);
         record_mlp("dense_mlp", L.dense);
         continue;
       }
@@ -198,7 +210,8 @@ class DeepseekV3LM final : public DecoderLM {
       L.correction = (ckpt.has(bias_name) ? ckpt.get(bias_name, {E}, DType::kF32)
                                           : Tensor::zeros({E}, DType::kF32)).to(dev);
       if (n_shared > 0) {
-        L.shared = load_gated_mlp(ckpt, p + "mlp.shared_experts", H, moe_inter * n_shared, dt, activation, dev, q);
+        L.shared = load_gated_mlp(ckpt, p + "mlp.shared_experts", H, moe_inter * n_shared, dt, activation, dev, q,
+                                  tp_share);
         record_mlp("shared_experts", L.shared);
         L.has_shared = true;
       }
@@ -214,8 +227,17 @@ class DeepseekV3LM final : public DecoderLM {
     const DeepseekLayer& L = layers_[size_t(layer)];
     const DType dt = act();
     Tensor x = ops::rms_norm(h, L.input_norm, eps_, dt);
-    x = ops::add_rms_norm(h, attention_block(L.attn, x, step, kv), L.post_norm, eps_, dt);
-    ops::add_(h, L.moe ? moe_block(L, x) : gated_mlp(x, L.dense, dt), dt);
+    Tensor attn = attention_block(L.attn, x, step, kv);
+    tp_reduce_(attn);
+    x = ops::add_rms_norm(h, attn, L.post_norm, eps_, dt);
+    Tensor mlp;
+    if (L.moe) {
+      mlp = moe_block(L, x);
+    } else {
+      mlp = gated_mlp(x, L.dense, dt);
+      tp_reduce_(mlp);
+    }
+    ops::add_(h, mlp, dt);
   }
 
  private:
@@ -301,7 +323,10 @@ class DeepseekV3LM final : public DecoderLM {
     Tensor out = run_experts(experts_[size_t(L.experts_index)], experts_backend(), x, routing, dt);
     if (branch) branch->join();
     else if (L.has_shared) shared = gated_mlp(x, L.shared, dt);
-    if (L.has_shared) ops::add_(out, shared, dt);
+    if (L.has_shared) {
+      tp_reduce_(shared);
+      ops::add_(out, shared, dt);
+    }
     return out;
   }
 

@@ -30,6 +30,7 @@ struct GptOssLayer {
 class GptOssLM final : public DecoderLM {
  public:
   GptOssLM(const Checkpoint& ckpt, const LoadOptions& o) : DecoderLM(ckpt, o, ckpt.config()) {
+    refuse_tensor_parallel("its attention (per-head sinks, biased projections) is not split by moex yet");
     const DecoderConfig& c = cfg();
     const DType dt = act();
     const Device dev = info_.device;

@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/layers.hpp"
+#include "model/tensor_parallel.hpp"
 #include "moex/checkpoint.hpp"
 #include "moex/model.hpp"
 
@@ -134,6 +135,16 @@ class DecoderLM : public CausalLM {
   Tensor run_experts(const Experts& experts, const std::string& backend, const Tensor& x,
                      const Routing& routing, DType act) const;
 
+  // Tensor parallelism (LoadOptions::tp_comm): the rank's share for the loaders (parts = 1
+  // without a communicator; pick the dimension with TpSplit::along), and the sum of the ranks'
+  // partial outputs of a row-parallel block, in place (every rank gets the same bits, rounded to
+  // act once; nothing without tensor parallelism). On a GPU the sum is stream work (captured with
+  // a decode step); each new shape is first summed with the ranks' agreement checked.
+  TpSplit tp() const;
+  void tp_reduce_(Tensor& partial) const;
+  // Architectures that cannot split their attention call this in their constructor.
+  void refuse_tensor_parallel(const std::string& why) const;
+
   const DecoderConfig& cfg() const { return cfg_; }
   DType act() const { return info_.dtype; }
   const std::string& prefix() const { return prefix_; }  // "model." or "model.language_model."
@@ -153,6 +164,9 @@ class DecoderLM : public CausalLM {
   DecoderConfig cfg_;
   QuantLoad quant_;
   Communicator* ep_comm_ = nullptr;
+  Communicator* tp_comm_ = nullptr;
+  Communicator* group() const { return ep_comm_ ? ep_comm_ : tp_comm_; }  // for barriers
+  mutable std::vector<int64_t> tp_checked_shape_;  // the last partial-sum shape checked (GPU)
   ExpertParallelMode ep_mode_ = ExpertParallelMode::kReplicated;
   mutable std::vector<int64_t> ep_checked_shape_;  // the last call shape the ranks agreed on (GPU)
   std::string prefix_;

@@ -36,6 +36,25 @@ std::optional<int64_t> routed_expert_of(const std::string& name) {
   return std::stoll(name.substr(i, j - i));
 }
 
+// Whether tensor parallelism loads 1 / N of this tensor: the attention projections that carry
+// heads and the dense / shared MLPs' projections (with their scales and biases), by the
+// architectures' names; the latent projections (q_a, kv_a), routers and routed experts stay whole.
+bool tensor_parallel_share(const std::string& name) {
+  if (routed_expert_of(name)) return false;
+  for (const char* tail : {".weight", ".weight_scale_inv", ".bias"}) {
+    const std::string t = tail;
+    if (name.size() <= t.size() || name.compare(name.size() - t.size(), t.size(), t) != 0) continue;
+    const std::string stem = name.substr(0, name.size() - t.size());
+    const std::string proj = stem.substr(stem.rfind('.') + 1);
+    if (stem.find(".self_attn.") != std::string::npos)
+      return proj == "q_proj" || proj == "k_proj" || proj == "v_proj" || proj == "o_proj" || proj == "q_b_proj" ||
+             proj == "kv_b_proj";
+    return stem.find(".mlp.") != std::string::npos &&
+           (proj == "gate_proj" || proj == "up_proj" || proj == "down_proj");
+  }
+  return false;
+}
+
 }  // namespace
 
 bool DecoderConfig::has(const std::string& key) const { return find_key(json, key) != nullptr; }
@@ -150,12 +169,43 @@ Tensor DecoderLM::run_experts(const Experts& experts, const std::string& backend
   return widen ? out.to(x.dtype()) : out;
 }
 
+TpSplit DecoderLM::tp() const {
+  TpSplit s;
+  if (tp_comm_) s.parts = tp_comm_->size(), s.index = tp_comm_->rank();
+  return s;
+}
+
+void DecoderLM::tp_reduce_(Tensor& t) const {
+  if (!tp_comm_ || tp_comm_->size() == 1) return;
+  if (t.device().host_accessible()) {
+    tp_comm_->all_reduce_sum(t);  // float32 storage holding act values: round the sum once
+    ops::round_(t, act());
+    return;
+  }
+  // The checked collective (a host synchronisation) for each new shape outside a capture; stream
+  // work otherwise.
+  std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
+  shape.push_back(int64_t(t.dtype()));
+  if (shape != tp_checked_shape_ && !detail::capturing(t.device())) {
+    tp_comm_->all_reduce_sum(t);
+    tp_checked_shape_ = shape;
+    return;
+  }
+  tp_comm_->all_reduce_sum_enqueue(t);
+}
+
+void DecoderLM::refuse_tensor_parallel(const std::string& why) const {
+  if (tp_comm_ && tp_comm_->size() > 1)
+    throw Unsupported("tensor parallelism (--tp-size " + std::to_string(tp_comm_->size()) + ") is not available for " +
+                      info_.model_type + ": " + why + "; use --ep-size alone");
+}
+
 void DecoderLM::finish_call() {
-  if (ep_comm_ && !info_.device.host_accessible()) ep_comm_->barrier();
+  if (group() && !info_.device.host_accessible()) group()->barrier();
 }
 
 void DecoderLM::before_step() {
-  if (ep_comm_) ep_comm_->throw_if_aborted();
+  if (group()) group()->throw_if_aborted();
 }
 
 DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
@@ -184,15 +234,15 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
   for (const auto& name : ckpt.names()) info_.parameter_count += shape_numel(ckpt.get(name).shape());
   quant_ = parse_quant_load(ckpt, options.dequantize);
   ep_comm_ = options.ep_comm;
+  tp_comm_ = options.tp_comm;
   ep_mode_ = options.ep_mode;
-  if (ep_comm_ && !options.device.host_accessible()) {
-    // A GPU model's experts call runs on its device: the rank's communicator must move data there
-    // (NCCL on that GPU).
-    if (ep_comm_->device() != options.device)
-      throw InvalidInput("expert parallelism: the model is loaded on " + options.device.str() +
-                         " but rank " + std::to_string(ep_comm_->rank()) + "'s communicator runs on " +
-                         ep_comm_->device().str() + " (a GPU model needs an NCCL rank on its own device)");
-  }
+  for (auto [comm, what] : {std::pair{ep_comm_, "expert"}, std::pair{tp_comm_, "tensor"}})
+    if (comm && !options.device.host_accessible() && comm->device() != options.device)
+      // A GPU model's collectives run on its device: the rank's communicator must move data there
+      // (NCCL on that GPU).
+      throw InvalidInput(std::string(what) + " parallelism: the model is loaded on " + options.device.str() +
+                         " but rank " + std::to_string(comm->rank()) + "'s communicator runs on " +
+                         comm->device().str() + " (a GPU model needs an NCCL rank on its own device)");
   info_.quantized_checkpoint = quant_.quantized;
   info_.dequantized = quant_.quantized && quant_.dequantize;
 
@@ -204,12 +254,14 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
   // Quantized weights and their scales count at their stored size, or, dequantized, at the
   // model dtype's (scales then vanish; an int8 FP4 byte holds two weights).
   // With expert parallelism only the rank's share of the routed experts counts (what
-  // load_experts reads): its experts' own tensors, count / E of a fused tensor.
+  // load_experts reads): its experts' own tensors, count / E of a fused tensor; with tensor
+  // parallelism 1 / N of the split attention and MLP projections.
   int64_t per_expert_count = 0;  // E of per-expert checkpoints (the largest index + 1)
   if (ep_comm_)
     for (const auto& name : ckpt.names())
       if (const auto e = routed_expert_of(name); e && *e >= 0) per_expert_count = std::max(per_expert_count, *e + 1);
   auto rank_share = [&](const std::string& name, const Tensor& t) -> double {
+    if (tp_comm_ && tensor_parallel_share(name)) return 1.0 / double(tp_comm_->size());
     const auto e = routed_expert_of(name);
     if (!ep_comm_ || !e) return 1.0;
     const int n = ep_comm_->size();

@@ -60,13 +60,18 @@ void ExpectedShapes::check(const Checkpoint& ckpt) const {
 // ---- linear ----
 
 Linear load_linear(const Checkpoint& ckpt, const std::string& name, int64_t out, int64_t in,
-                   DType dtype, bool bias, Device device, bool keep_tensor, const QuantLoad& quant) {
+                   DType dtype, bool bias, Device device, bool keep_tensor, const QuantLoad& quant,
+                   const TpSplit& tp) {
   Linear l;
-  l.weight = load_linear_weight(ckpt, name, out, in, dtype, device, keep_tensor, quant);
+  l.weight = load_linear_weight(ckpt, name, out, in, dtype, device, keep_tensor, quant, tp);
   // Biases hold `dtype` values (rounded like the weights): float32 on the host (the host ops'
   // activation storage), `dtype` on a device (what the cuBLASLt epilogue adds).
-  if (bias) {
+  if (bias && !(tp.active() && tp.dim == TpSplit::Dim::kIn && tp.index != 0)) {
     Tensor b = ckpt.get(name + ".bias", {out}, dtype);
+    if (tp.active() && tp.dim == TpSplit::Dim::kOut) {
+      const auto [b0, b1] = tp.range(out, "'" + name + ".bias'");
+      b = b.slice(0, b0, b1).contiguous();
+    }
     l.bias = device.is_cuda() ? b.to(device) : b.to(DType::kF32);
   }
   return l;
@@ -222,11 +227,12 @@ AttentionSpec gqa_spec(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_
 
 GatedMlp load_gated_mlp(const Checkpoint& ckpt, const std::string& prefix, int64_t hidden,
                         int64_t intermediate, DType dtype, Activation activation, Device device,
-                        const QuantLoad& quant) {
+                        const QuantLoad& quant, const TpSplit& tp) {
   GatedMlp m;
-  m.gate = load_linear(ckpt, prefix + ".gate_proj", intermediate, hidden, dtype, false, device, false, quant);
-  m.up = load_linear(ckpt, prefix + ".up_proj", intermediate, hidden, dtype, false, device, false, quant);
-  m.down = load_linear(ckpt, prefix + ".down_proj", hidden, intermediate, dtype, false, device, false, quant);
+  const TpSplit cols = tp.along(TpSplit::Dim::kOut), rows = tp.along(TpSplit::Dim::kIn);
+  m.gate = load_linear(ckpt, prefix + ".gate_proj", intermediate, hidden, dtype, false, device, false, quant, cols);
+  m.up = load_linear(ckpt, prefix + ".up_proj", intermediate, hidden, dtype, false, device, false, quant, cols);
+  m.down = load_linear(ckpt, prefix + ".down_proj", hidden, intermediate, dtype, false, device, false, quant, rows);
   m.activation = activation;
   return m;
 }

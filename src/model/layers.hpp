@@ -52,9 +52,11 @@ struct Linear {
 // A weight with a `weight_scale_inv` is block-quantized (quantized_weights.hpp): kept as stored
 // (weight.quantized()) unless quant.dequantize; the default QuantLoad (no quantization_config)
 // makes such a weight an InvalidInput.
+// `tp`: this rank's share only (tensor_parallel.hpp); a row-parallel share (TpSplit::kIn) has a
+// bias on rank 0 alone, so that the ranks' sum adds it once.
 Linear load_linear(const Checkpoint& ckpt, const std::string& name, int64_t out, int64_t in,
                    DType dtype, bool bias = false, Device device = Device::cpu(),
-                   bool keep_tensor = false, const QuantLoad& quant = QuantLoad());
+                   bool keep_tensor = false, const QuantLoad& quant = QuantLoad(), const TpSplit& tp = {});
 // ops::linear with the layer's weight and bias.
 inline Tensor linear(const Tensor& x, const Linear& l, DType act) {
   return ops::linear(x, l.weight, l.bias, act);
@@ -96,10 +98,13 @@ struct GatedMlp {
   Linear gate, up, down;
   Activation activation = Activation::kSilu;
 };
-// Loads `<prefix>.gate_proj`, `.up_proj`, `.down_proj` (no biases).
+// Loads `<prefix>.gate_proj`, `.up_proj`, `.down_proj` (no biases). With `tp` (its parts and
+// index; the dimension is implied) the rank's share of the intermediate columns: gate / up column
+// parallel, down row parallel, so its output is the rank's partial sum.
 GatedMlp load_gated_mlp(const Checkpoint& ckpt, const std::string& prefix, int64_t hidden,
                         int64_t intermediate, DType dtype, Activation activation,
-                        Device device = Device::cpu(), const QuantLoad& quant = QuantLoad());
+                        Device device = Device::cpu(), const QuantLoad& quant = QuantLoad(),
+                        const TpSplit& tp = {});
 Tensor gated_mlp(const Tensor& x, const GatedMlp& mlp, DType act);
 // The rest of gated_mlp once gate(x) and up(x) are computed (e.g. by linears() beside others):
 // `gate` is overwritten with the rounded intermediate.

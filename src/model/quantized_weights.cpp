@@ -183,21 +183,50 @@ Tensor read_dequantized(const Checkpoint& ckpt, const std::string& name, int64_t
   return dequantize(read_quantized(ckpt, name, n, k, stored_fp4(ckpt, name)), dtype);
 }
 
+namespace {
+
+// Rows or columns [b, e) of a host [n, k] tensor (a view for rows of a contiguous tensor).
+Tensor cut(const Tensor& t, TpSplit::Dim dim, int64_t b, int64_t e) {
+  return t.slice(dim == TpSplit::Dim::kOut ? 0 : 1, b, e).contiguous();
+}
+
+}  // namespace
+
 ops::LinearWeight load_linear_weight(const Checkpoint& ckpt, const std::string& name, int64_t out, int64_t in,
-                                     DType dtype, Device device, bool keep_tensor, const QuantLoad& quant) {
+                                     DType dtype, Device device, bool keep_tensor, const QuantLoad& quant,
+                                     const TpSplit& tp) {
   const std::string wname = name + ".weight";
   const bool scaled = is_quantized_weight(ckpt, name);
+  const bool split = tp.active();
+  const auto [b, e] = split ? tp.range(tp.dim == TpSplit::Dim::kOut ? out : in, "'" + wname + "'")
+                            : std::pair<int64_t, int64_t>{0, 0};
+  auto share = [&](const Tensor& t) { return split ? cut(t, tp.dim, b, e) : t; };
   if (!scaled) {
     // A weight in a quantized dtype without its scale would be read as bare codes.
     if (ckpt.has(wname) && ckpt.get(wname).dtype() == DType::kF8E4M3) read_quantized(ckpt, name, out, in, false);
-    return ops::prepare_linear(ckpt.get(wname, {out, in}, dtype).to(device), keep_tensor);
+    return ops::prepare_linear(share(ckpt.get(wname, {out, in}, dtype)).to(device), keep_tensor);
   }
   if (!quant.quantized)
     throw InvalidInput("tensor '" + name + kScaleSuffix + "' in " + ckpt.file_of(name + kScaleSuffix) +
                        " is a block scale, but " + ckpt.dir() + "/config.json has no quantization_config");
-  if (quant.dequantize) return ops::prepare_linear(read_dequantized(ckpt, name, out, in, dtype).to(device), keep_tensor);
+  if (quant.dequantize) return ops::prepare_linear(share(read_dequantized(ckpt, name, out, in, dtype)).to(device), keep_tensor);
   QuantizedTensor q = read_quantized(ckpt, name, out, in, stored_fp4(ckpt, name));
-  return ops::prepare_quantized_linear(q.codes.to(device), q.scale.to(device), q.scheme, out, in);
+  if (!split) return ops::prepare_quantized_linear(q.codes.to(device), q.scale.to(device), q.scheme, out, in);
+  // The share keeps whole scale blocks: its bounds on multiples of the block (the last one may
+  // end with the weight).
+  const bool rows = tp.dim == TpSplit::Dim::kOut;
+  const int64_t block = rows ? q.scheme.block_n : q.scheme.block_k, size = rows ? out : in;
+  if (b % block != 0 || (e % block != 0 && e != size))
+    throw InvalidInput("tensor parallelism: '" + wname + "' would be cut at " + (rows ? "row " : "column ") +
+                       std::to_string(b % block ? b : e) + ", inside a " + std::to_string(block) +
+                       "-wide block of its weight_scale_inv (--tp-size " + std::to_string(tp.parts) +
+                       "); load with --dequantize or choose another --tp-size");
+  const bool fp4 = q.scheme.kind == QuantScheme::Kind::kFp4E2M1;
+  const int64_t cb = !rows && fp4 ? b / 2 : b, ce = !rows && fp4 ? e / 2 : e;  // FP4: two codes per byte along K
+  Tensor codes = cut(q.codes, tp.dim, cb, ce);
+  Tensor scale = cut(q.scale, tp.dim, b / block, quant::ceil_div(e, block));
+  return ops::prepare_quantized_linear(codes.to(device), scale.to(device), q.scheme, rows ? e - b : out,
+                                       rows ? in : e - b);
 }
 
 }  // namespace moex::model

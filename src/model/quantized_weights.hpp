@@ -21,6 +21,7 @@
 
 #include "moex/checkpoint.hpp"
 #include "moex/experts.hpp"
+#include "model/tensor_parallel.hpp"
 #include "moex/tensor.hpp"
 #include "ops/ops.hpp"
 
@@ -64,8 +65,11 @@ Tensor read_dequantized(const Checkpoint& ckpt, const std::string& name, int64_t
 // The weight of linear `<name>` [out, in] prepared for `device`: quantized as stored (unless
 // quant.dequantize) when it has a scale, else the plain path (converted to `dtype`).
 // keep_tensor as for ops::prepare_linear (plain / dequantized weights only).
+// `tp`: only this rank's share (tensor_parallel.hpp), cut on the host before it moves to `device`;
+// a quantized weight kept quantized is cut with its scales, which needs the share's bounds on the
+// scale blocks (FP8: 128 rows / columns; InvalidInput otherwise, suggesting --dequantize).
 ops::LinearWeight load_linear_weight(const Checkpoint& ckpt, const std::string& name, int64_t out,
                                      int64_t in, DType dtype, Device device, bool keep_tensor,
-                                     const QuantLoad& quant);
+                                     const QuantLoad& quant, const TpSplit& tp = {});
 
 }  // namespace moex::model

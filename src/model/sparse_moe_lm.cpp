@@ -77,9 +77,20 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
   }
   expected.check(ckpt);
 
+  // Tensor parallelism: whole heads (query and key / value heads alike) per rank.
+  const TpSplit tp_share = tp();
+  if (flags_.qk_norm == SparseMoeFlags::QkNorm::kFullProjection)
+    refuse_tensor_parallel("its q / k RMSNorm spans every head's projection at once");
+  const TpSplit heads_out = tp_share.along(TpSplit::Dim::kOut, hd), heads_in = tp_share.along(TpSplit::Dim::kIn, hd);
+  if (tp_share.parts > 1) {
+    tp_share.along(TpSplit::Dim::kOut).range(c.num_heads, c.where + ": num_attention_heads");
+    tp_share.along(TpSplit::Dim::kOut).range(c.num_kv_heads, c.where + ": num_key_value_heads");
+  }
+  heads_ = c.num_heads / tp_share.parts;
+  kv_heads_ = c.num_kv_heads / tp_share.parts;
   rope_ = make_rope(c.json, hd, c.where);
-  attn_ = gqa_spec(c.num_heads, c.num_kv_heads, hd);
-  set_attention_cost(2 * c.num_kv_heads * hd, 4 * c.num_heads * hd);
+  attn_ = gqa_spec(heads_, kv_heads_, hd);
+  set_attention_cost(2 * kv_heads_ * hd, 4 * heads_ * hd);
 
   const ExpertsSpec spec = gated_experts_spec(num_experts_, H, moe_I, act_fn);
   const ExpertShard shard = expert_shard(num_experts_);
@@ -90,10 +101,10 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
     const std::string p = prefix() + "layers." + std::to_string(l) + ".";
     L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, dt, dev);
     L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, dt, dev);
-    L.q = load_linear(ckpt, p + "self_attn.q_proj", c.num_heads * hd, H, dt, qkv_bias, dev, false, quant());
-    L.k = load_linear(ckpt, p + "self_attn.k_proj", c.num_kv_heads * hd, H, dt, qkv_bias, dev, false, quant());
-    L.v = load_linear(ckpt, p + "self_attn.v_proj", c.num_kv_heads * hd, H, dt, qkv_bias, dev, false, quant());
-    L.o = load_linear(ckpt, p + "self_attn.o_proj", H, c.num_heads * hd, dt, o_bias, dev, false, quant());
+    L.q = load_linear(ckpt, p + "self_attn.q_proj", c.num_heads * hd, H, dt, qkv_bias, dev, false, quant(), heads_out);
+    L.k = load_linear(ckpt, p + "self_attn.k_proj", c.num_kv_heads * hd, H, dt, qkv_bias, dev, false, quant(), heads_out);
+    L.v = load_linear(ckpt, p + "self_attn.v_proj", c.num_kv_heads * hd, H, dt, qkv_bias, dev, false, quant(), heads_out);
+    L.o = load_linear(ckpt, p + "self_attn.o_proj", H, c.num_heads * hd, dt, o_bias, dev, false, quant(), heads_in);
     record_weights("attention", {&L.q, &L.k, &L.v, &L.o});
     if (flags_.qk_norm == SparseMoeFlags::QkNorm::kPerHead) {
       L.q_norm = load_vector(ckpt, p + "self_attn.q_norm.weight", hd, dt, dev);
@@ -113,7 +124,7 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
       L.experts = &experts_.back();
       if (flags_.shared_expert) {
         L.shared = load_gated_mlp(ckpt, m + ".shared_expert", H,
-                                  c.get_int("shared_expert_intermediate_size"), dt, act_fn, dev, quant());
+                                  c.get_int("shared_expert_intermediate_size"), dt, act_fn, dev, quant(), tp_share);
         L.shared_gate = load_linear(ckpt, m + ".shared_expert_gate", 1, H, dt, false, dev, false, quant());
         record_mlp("shared_experts", L.shared);
         record_weights("shared_experts", {&L.shared_gate});
@@ -121,7 +132,7 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
       record_weights("router", {&L.router});
       info_.moe_layers.push_back(l);
     } else {
-      L.dense = load_gated_mlp(ckpt, m, H, c.get_int("intermediate_size"), dt, act_fn, dev, quant());
+      L.dense = load_gated_mlp(ckpt, m, H, c.get_int("intermediate_size"), dt, act_fn, dev, quant(), tp_share);
       record_mlp("dense_mlp", L.dense);
     }
   }
@@ -155,6 +166,7 @@ void SparseMoeLM::moe_forward(const Layer& L, const Tensor& attn_out, Tensor& h)
     Routing r = ops::softmax_topk(p[0], top_k_, norm_topk_prob_, routing_dtype);
     Tensor y = run_experts(*L.experts, experts_backend(flags_.experts_key), x, r, a);
     branch->join();
+    tp_reduce_(s);
     ops::add_gated_residual_(h, y, s, p[1], a);
     return;
   }
@@ -164,7 +176,9 @@ void SparseMoeLM::moe_forward(const Layer& L, const Tensor& attn_out, Tensor& h)
       norm_linears(h, &attn_out, L.post_norm, eps, {&L.router, &L.shared.gate, &L.shared.up, &L.shared_gate}, a, &x);
   Routing r = ops::softmax_topk(p[0], top_k_, norm_topk_prob_, routing_dtype);
   Tensor y = run_experts(*L.experts, experts_backend(flags_.experts_key), x, r, a);
-  ops::add_gated_residual_(h, y, gated_mlp_rest(p[1], p[2], L.shared, a), p[3], a);
+  Tensor s = gated_mlp_rest(p[1], p[2], L.shared, a);
+  tp_reduce_(s);
+  ops::add_gated_residual_(h, y, s, p[3], a);
 }
 
 void SparseMoeLM::layer_forward(int64_t layer, Tensor& h, const Step& step, LayerKV& kv) {
@@ -185,15 +199,18 @@ void SparseMoeLM::layer_forward(int64_t layer, Tensor& h, const Step& step, Laye
     ops::rms_norm_(k, L.k_norm, eps, a, group);
   }
   // Rotate q and k and append k and v to the cache: one launch on a device.
-  ops::rope_kv_append_(q, cfg().num_heads, k, cfg().num_kv_heads, v, kv, hd, rope_, RopeLayout::kHalf, step, a);
+  ops::rope_kv_append_(q, heads_, k, kv_heads_, v, kv, hd, rope_, RopeLayout::kHalf, step, a);
   AttentionSpec spec = attn_;
   spec.sliding_window = L.sliding_window;
-  const Tensor attn_out = linear(ops::attention(q, kv, step, spec, a), L.o, a);
+  Tensor attn_out = linear(ops::attention(q, kv, step, spec, a), L.o, a);
+  tp_reduce_(attn_out);
   if (L.moe) {
     moe_forward(L, attn_out, h);
   } else {
     std::vector<Tensor> gu = norm_linears(h, &attn_out, L.post_norm, eps, {&L.dense.gate, &L.dense.up}, a);
-    ops::add_(h, gated_mlp_rest(gu[0], gu[1], L.dense, a), a);
+    Tensor d = gated_mlp_rest(gu[0], gu[1], L.dense, a);
+    tp_reduce_(d);
+    ops::add_(h, d, a);
   }
 }
 
