@@ -3,8 +3,8 @@
 // intermediate columns, summing their partial outputs, give the single-process fp32 logits and
 // greedy tokens (and so transformers' fixtures), alone and together with expert parallelism on
 // the same ranks; each rank holds its share of those weights. Refused clearly: head counts the
-// ranks do not divide, quantized weights whose share would cut a scale block, and the
-// architectures moex does not split (gpt_oss; olmoe's q / k norm spans every head).
+// ranks do not divide, quantized weights whose share would cut a scale block, and olmoe, whose
+// q / k norm spans every head.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -111,7 +111,6 @@ TEST_P(ModelTensorParallel, RanksGiveTheSingleProcessLogitsAndTokens) {
     EXPECT_LT(got.attention_bytes, one.attention_bytes) << model << " rank " << r;
     EXPECT_GE(got.attention_bytes * kRanks, one.attention_bytes) << model << " rank " << r;
     EXPECT_EQ(got.experts_bytes * (with_ep ? kRanks : 1), one.experts_bytes) << model << " rank " << r;
-    // The load's byte count (the GPU's free-memory check) is the rank's share of what it splits.
     // The load's byte count (the GPU's free-memory check) is the rank's share of the split
     // tensors (by the checkpoint: packed forms may be padded) and of the experts.
     EXPECT_EQ(got.weight_bytes, one.weight_bytes - split_checkpoint_bytes(dir) / kRanks -
@@ -122,7 +121,7 @@ TEST_P(ModelTensorParallel, RanksGiveTheSingleProcessLogitsAndTokens) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelTensorParallel,
                          ::testing::Combine(::testing::Values("qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3",
-                                                              "qwen3_vl_moe"),
+                                                              "qwen3_vl_moe", "gpt_oss"),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            return std::get<0>(info.param) + (std::get<1>(info.param) ? "_with_ep" : "_alone");
@@ -180,7 +179,7 @@ TEST(ModelTensorParallelErrors, HeadsTheRanksDoNotDivide) {
 }
 
 TEST(ModelTensorParallelErrors, ArchitecturesThatDoNotSplit) {
-  for (const char* model : {"gpt_oss", "olmoe"}) {
+  for (const char* model : {"olmoe"}) {
     auto comms = make_thread_group(2, std::chrono::seconds(10));
     const auto errors = run_ranks(comms, [&](Communicator& c) { from_pretrained(checkpoint(model), options(&c, nullptr)); });
     expect_error_on_every_rank(errors, std::string("is not available for ") + model);

@@ -30,7 +30,6 @@ struct GptOssLayer {
 class GptOssLM final : public DecoderLM {
  public:
   GptOssLM(const Checkpoint& ckpt, const LoadOptions& o) : DecoderLM(ckpt, o, ckpt.config()) {
-    refuse_tensor_parallel("its attention (per-head sinks, biased projections) is not split by moex yet");
     const DecoderConfig& c = cfg();
     const DType dt = act();
     const Device dev = info_.device;
@@ -66,6 +65,17 @@ class GptOssLM final : public DecoderLM {
     expected.check(ckpt);
     rope_ = make_rope(gpt_oss_rope_config(c.json), head_dim_, c.where);
     eps_ = float(c.rms_norm_eps);
+    // Tensor parallelism: whole query and key / value heads per rank, with their biases and sinks.
+    const TpSplit tp_share = tp();
+    if (tp_share.parts > 1) {
+      tp_share.along(TpSplit::Dim::kOut).range(heads_, c.where + ": num_attention_heads");
+      tp_share.along(TpSplit::Dim::kOut).range(kv_heads_, c.where + ": num_key_value_heads");
+    }
+    const TpSplit heads_out = tp_share.along(TpSplit::Dim::kOut, head_dim_);
+    const TpSplit heads_in = tp_share.along(TpSplit::Dim::kIn, head_dim_);
+    const int64_t all_heads = heads_, all_kv_heads = kv_heads_;
+    heads_ /= tp_share.parts;
+    kv_heads_ /= tp_share.parts;
     set_attention_cost(2 * kv_heads_ * head_dim_, 4 * heads_ * head_dim_);
 
     const std::vector<bool> sliding = sliding_layers([](int64_t l) { return l % 2 == 0; });
@@ -74,15 +84,24 @@ class GptOssLM final : public DecoderLM {
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const std::string p = prefix() + "layers." + std::to_string(l) + ".";
       GptOssLayer& L = layers_[size_t(l)];
-      L.q_proj = load_linear(ckpt, p + "self_attn.q_proj", heads_ * head_dim_, H, dt, bias, dev, false, quant());
-      L.k_proj = load_linear(ckpt, p + "self_attn.k_proj", kv_heads_ * head_dim_, H, dt, bias, dev, false, quant());
-      L.v_proj = load_linear(ckpt, p + "self_attn.v_proj", kv_heads_ * head_dim_, H, dt, bias, dev, false, quant());
-      L.o_proj = load_linear(ckpt, p + "self_attn.o_proj", H, heads_ * head_dim_, dt, bias, dev, false, quant());
-      L.sinks = load_vector(ckpt, p + "self_attn.sinks", heads_, DType::kF32, dev);
+      L.q_proj = load_linear(ckpt, p + "self_attn.q_proj", all_heads * head_dim_, H, dt, bias, dev, false, quant(),
+                             heads_out);
+      L.k_proj = load_linear(ckpt, p + "self_attn.k_proj", all_kv_heads * head_dim_, H, dt, bias, dev, false,
+                             quant(), heads_out);
+      L.v_proj = load_linear(ckpt, p + "self_attn.v_proj", all_kv_heads * head_dim_, H, dt, bias, dev, false,
+                             quant(), heads_out);
+      L.o_proj = load_linear(ckpt, p + "self_attn.o_proj", H, all_heads * head_dim_, dt, bias, dev, false, quant(),
+                             heads_in);
+      L.sinks = ckpt.get(p + "self_attn.sinks", {all_heads}, DType::kF32)
+                    .slice(0, heads_ * tp_share.index, heads_ * (tp_share.index + 1))
+                    .contiguous()
+                    .to(dev);
       // gpt-oss keeps its norm weights in float32 (_keep_in_fp32_modules).
       L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, DType::kF32, dev);
       L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, DType::kF32, dev);
       L.router = load_linear(ckpt, p + "mlp.router", E, H, dt, /*bias=*/true, dev, false, quant());
+      record_weights("attention", {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj});
+      record_weights("router", {&L.router});
       L.sliding_window = sliding[size_t(l)] ? window : 0;
       Experts experts = load_gpt_oss_experts(ckpt, p + "mlp.experts", E, H, I, dt, limit, kAlpha);
       // Expert parallelism: the rank's share as views (the fused checkpoint tensors are read whole).
@@ -108,8 +127,9 @@ class GptOssLM final : public DecoderLM {
     AttentionSpec spec = gqa_spec(heads_, kv_heads_, head_dim_, L.sliding_window);
     spec.sinks = L.sinks;
     spec.eager_rounding = true;  // gpt-oss runs transformers' eager attention (no sdpa)
-    x = ops::add_rms_norm(h, linear(ops::attention(q, kv, step, spec, dt), L.o_proj, dt), L.post_norm, eps_, dt,
-                          ops::RmsNormStyle::kGptOss);
+    Tensor attn = linear(ops::attention(q, kv, step, spec, dt), L.o_proj, dt);
+    tp_reduce_(attn);
+    x = ops::add_rms_norm(h, attn, L.post_norm, eps_, dt, ops::RmsNormStyle::kGptOss);
     Routing routing = ops::topk_softmax(linear(x, L.router, dt), top_k_, dt);
     ops::add_(h, run_experts(experts_[size_t(layer)], experts_backend(), x, routing, dt), dt);
   }
