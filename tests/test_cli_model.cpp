@@ -173,7 +173,7 @@ TEST_F(Cli, ExpertParallelRanksGiveTransformersTokensAndLogits) {
 
 // --tp-size N: attention heads and dense columns split over N in-process ranks (alone, and with
 // --ep-size N on the same ranks): transformers' greedy tokens; one clear error for sizes that
-// disagree, heads the ranks do not divide, or an architecture moex does not split.
+// disagree or heads the ranks do not divide.
 TEST_F(Cli, TensorParallelRanksGiveTransformersTokens) {
   auto ref = reference("qwen2_moe");
   const auto greedy = ref->get("greedy_fp32").to_int_vector();
@@ -188,8 +188,6 @@ TEST_F(Cli, TensorParallelRanksGiveTransformersTokens) {
   expect_clean_error(base + "--tp-size 2 --ep-size 4", "--ep-size 4 and --tp-size 2 differ");
   expect_clean_error(base + "--tp-size 4", "num_key_value_heads (2) does not split into --tp-size 4");
   expect_clean_error(base + "--tp-size 0", "--tp-size must be between 1 and 1024");
-  expect_clean_error("generate --model " + model("olmoe") + " --prompt-ids 1,2,3 --tp-size 2",
-                     "tensor parallelism (--tp-size 2) is not available for olmoe");
 }
 
 // moex launch: N processes with RANK / LOCAL_RANK / WORLD_SIZE / MOEX_RENDEZVOUS (a stand-in

@@ -142,7 +142,7 @@ TEST(CudaModelExpertParallelOneGpu, AGroupOfOneGivesTheModelsLogitsAndTokens) {
 // partial sums after o_proj / down are enqueued NCCL work, captured in the decode graph.
 TEST(CudaModelTensorParallel, TwoGpusGiveTheOneGpuLogitsAndTokens) {
   if (!ready()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
-  for (const char* model : {"qwen2_moe", "mixtral", "deepseek_v3", "qwen3_vl_moe", "gpt_oss"}) {
+  for (const char* model : {"qwen2_moe", "mixtral", "deepseek_v3", "qwen3_vl_moe", "gpt_oss", "olmoe"}) {
     auto ref = SafetensorsFile::open(test::data_path("hf-tiny/" + std::string(model) + "/reference.safetensors"));
     const ModelRun one = run_model(model, DType::kF32, Device::cuda(0), nullptr);
     const std::vector<ModelRun> runs = run_ranks_of(model, DType::kF32, ExpertParallelMode::kReplicated, true);

@@ -95,8 +95,7 @@ struct LoadOptions {
   // communicator of N ranks each rank loads 1 / N of the attention heads and of the dense MLPs'
   // and shared experts' intermediate columns, and the ranks sum their partial outputs after each
   // such block, so every rank holds the whole hidden state. May be the same group as ep_comm.
-  // olmoe (whose q / k norm spans every head) is Unsupported, head or column counts that N does
-  // not divide are InvalidInput, at load. Null: none.
+  // Head or column counts that N does not divide are InvalidInput at load. Null: none.
   Communicator* tp_comm = nullptr;
 };
 

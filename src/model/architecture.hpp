@@ -142,8 +142,6 @@ class DecoderLM : public CausalLM {
   // a decode step); each new shape is first summed with the ranks' agreement checked.
   TpSplit tp() const;
   void tp_reduce_(Tensor& partial) const;
-  // Architectures that cannot split their attention call this in their constructor.
-  void refuse_tensor_parallel(const std::string& why) const;
 
   const DecoderConfig& cfg() const { return cfg_; }
   DType act() const { return info_.dtype; }

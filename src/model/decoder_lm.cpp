@@ -38,8 +38,9 @@ std::optional<int64_t> routed_expert_of(const std::string& name) {
 
 // Whether tensor parallelism loads 1 / N of this tensor: the attention projections that carry
 // heads and the dense / shared MLPs' projections (with their scales and biases), by the
-// architectures' names; the latent projections (q_a, kv_a), routers and routed experts stay whole.
-bool tensor_parallel_share(const std::string& name) {
+// architectures' names; the latent projections (q_a, kv_a), routers and routed experts stay whole,
+// and so do q_proj / k_proj where `qk_whole` (a q / k norm over the whole projection, OLMoE's).
+bool tensor_parallel_share(const std::string& name, bool qk_whole) {
   if (routed_expert_of(name)) return false;
   for (const char* tail : {".weight", ".weight_scale_inv", ".bias"}) {
     const std::string t = tail;
@@ -47,8 +48,8 @@ bool tensor_parallel_share(const std::string& name) {
     const std::string stem = name.substr(0, name.size() - t.size());
     const std::string proj = stem.substr(stem.rfind('.') + 1);
     if (stem.find(".self_attn.") != std::string::npos)
-      return proj == "q_proj" || proj == "k_proj" || proj == "v_proj" || proj == "o_proj" || proj == "q_b_proj" ||
-             proj == "kv_b_proj";
+      return (!qk_whole && (proj == "q_proj" || proj == "k_proj")) || proj == "v_proj" || proj == "o_proj" ||
+             proj == "q_b_proj" || proj == "kv_b_proj";
     return stem.find(".mlp.") != std::string::npos &&
            (proj == "gate_proj" || proj == "up_proj" || proj == "down_proj");
   }
@@ -194,12 +195,6 @@ void DecoderLM::tp_reduce_(Tensor& t) const {
   tp_comm_->all_reduce_sum_enqueue(t);
 }
 
-void DecoderLM::refuse_tensor_parallel(const std::string& why) const {
-  if (tp_comm_ && tp_comm_->size() > 1)
-    throw Unsupported("tensor parallelism (--tp-size " + std::to_string(tp_comm_->size()) + ") is not available for " +
-                      info_.model_type + ": " + why + "; use --ep-size alone");
-}
-
 void DecoderLM::finish_call() {
   if (group() && !info_.device.host_accessible()) group()->barrier();
 }
@@ -260,8 +255,10 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
   if (ep_comm_)
     for (const auto& name : ckpt.names())
       if (const auto e = routed_expert_of(name); e && *e >= 0) per_expert_count = std::max(per_expert_count, *e + 1);
+  const std::string q_norm = prefix_ + "layers.0.self_attn.q_norm.weight";
+  const bool qk_whole = cfg_.num_heads > 1 && ckpt.has(q_norm) && ckpt.shape(q_norm) == Shape{cfg_.num_heads * cfg_.head_dim};
   auto rank_share = [&](const std::string& name, const Tensor& t) -> double {
-    if (tp_comm_ && tensor_parallel_share(name)) return 1.0 / double(tp_comm_->size());
+    if (tp_comm_ && tensor_parallel_share(name, qk_whole)) return 1.0 / double(tp_comm_->size());
     const auto e = routed_expert_of(name);
     if (!ep_comm_ || !e) return 1.0;
     const int n = ep_comm_->size();

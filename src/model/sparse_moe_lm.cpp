@@ -77,11 +77,13 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
   }
   expected.check(ckpt);
 
-  // Tensor parallelism: whole heads (query and key / value heads alike) per rank.
+  // Tensor parallelism: whole heads (query and key / value heads alike) per rank. OLMoE's q / k
+  // RMSNorm spans every head's projection at once, so there q_proj and k_proj stay whole on each
+  // rank, are normed whole, and the rank then takes its heads' columns (norm_full_qk_).
   const TpSplit tp_share = tp();
-  if (flags_.qk_norm == SparseMoeFlags::QkNorm::kFullProjection)
-    refuse_tensor_parallel("its q / k RMSNorm spans every head's projection at once");
+  norm_full_qk_ = tp_share.parts > 1 && flags_.qk_norm == SparseMoeFlags::QkNorm::kFullProjection;
   const TpSplit heads_out = tp_share.along(TpSplit::Dim::kOut, hd), heads_in = tp_share.along(TpSplit::Dim::kIn, hd);
+  const TpSplit qk_out = norm_full_qk_ ? TpSplit{} : heads_out;
   if (tp_share.parts > 1) {
     tp_share.along(TpSplit::Dim::kOut).range(c.num_heads, c.where + ": num_attention_heads");
     tp_share.along(TpSplit::Dim::kOut).range(c.num_kv_heads, c.where + ": num_key_value_heads");
@@ -101,8 +103,8 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
     const std::string p = prefix() + "layers." + std::to_string(l) + ".";
     L.input_norm = load_vector(ckpt, p + "input_layernorm.weight", H, dt, dev);
     L.post_norm = load_vector(ckpt, p + "post_attention_layernorm.weight", H, dt, dev);
-    L.q = load_linear(ckpt, p + "self_attn.q_proj", c.num_heads * hd, H, dt, qkv_bias, dev, false, quant(), heads_out);
-    L.k = load_linear(ckpt, p + "self_attn.k_proj", c.num_kv_heads * hd, H, dt, qkv_bias, dev, false, quant(), heads_out);
+    L.q = load_linear(ckpt, p + "self_attn.q_proj", c.num_heads * hd, H, dt, qkv_bias, dev, false, quant(), qk_out);
+    L.k = load_linear(ckpt, p + "self_attn.k_proj", c.num_kv_heads * hd, H, dt, qkv_bias, dev, false, quant(), qk_out);
     L.v = load_linear(ckpt, p + "self_attn.v_proj", c.num_kv_heads * hd, H, dt, qkv_bias, dev, false, quant(), heads_out);
     L.o = load_linear(ckpt, p + "self_attn.o_proj", H, c.num_heads * hd, dt, o_bias, dev, false, quant(), heads_in);
     record_weights("attention", {&L.q, &L.k, &L.v, &L.o});
@@ -197,6 +199,11 @@ void SparseMoeLM::layer_forward(int64_t layer, Tensor& h, const Step& step, Laye
     const int64_t group = flags_.qk_norm == SparseMoeFlags::QkNorm::kPerHead ? hd : 0;
     ops::rms_norm_(q, L.q_norm, eps, a, group);
     ops::rms_norm_(k, L.k_norm, eps, a, group);
+    if (norm_full_qk_) {  // this rank's heads of the whole, normed projections
+      const TpSplit t = tp();
+      q = ops::slice_columns(q, 1, heads_ * hd * t.index, heads_ * hd);
+      k = ops::slice_columns(k, 1, kv_heads_ * hd * t.index, kv_heads_ * hd);
+    }
   }
   // Rotate q and k and append k and v to the cache: one launch on a device.
   ops::rope_kv_append_(q, heads_, k, kv_heads_, v, kv, hd, rope_, RopeLayout::kHalf, step, a);

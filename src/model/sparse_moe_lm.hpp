@@ -67,6 +67,7 @@ class SparseMoeLM final : public DecoderLM {
   Rope rope_;
   AttentionSpec attn_;
   int64_t heads_ = 0, kv_heads_ = 0;  // this rank's (all of them without tensor parallelism)
+  bool norm_full_qk_ = false;         // tensor parallel OLMoE: q / k projected and normed whole
   int64_t num_experts_ = 0, top_k_ = 0;
   bool norm_topk_prob_ = false;
   float clip_qkv_ = 0;
