@@ -314,7 +314,7 @@ inline void fp4_block_scales(const uint8_t* sp, int64_t subs, __m512& s0, __m512
 // rows it depends on the machine (BlockScaledArgs::pair_from_rows).
 // Per 128-wide block and row: FP8, one float (block scale x activation scale) times the block's
 // dot; FP4, the 1 x 32 scales per lane group first (fp4_block_scales), then the activation scale.
-template <bool kFp4, int NR>
+template <bool kFp4, int NR, int kPass>
 void bf16_rows(const BlockScaledArgs& a, int64_t n, int64_t stride) {
   constexpr int64_t kCodeBytes = kFp4 ? kBlock / 2 : kBlock;  // bytes of one 128-wide block
   // How far ahead of the decode each row's codes are prefetched (bytes): each of the NR rows is
@@ -327,18 +327,18 @@ void bf16_rows(const BlockScaledArgs& a, int64_t n, int64_t stride) {
   int64_t srow[NR];
   for (int r = 0; r < NR; ++r)
     row[r] = a.w + (n + r * stride) * a.row_bytes, srow[r] = scale_row_start(a, n + r * stride);
-  for (int m0 = 0; m0 < a.m; m0 += kRowsPerPass) {
-    const int mc = std::min(kRowsPerPass, a.m - m0);
-    const uint16_t* xb[kRowsPerPass];
-    const float* xq[kRowsPerPass];
-    const float* xs[kRowsPerPass];
-    for (int i = 0; i < kRowsPerPass; ++i) {
+  for (int m0 = 0; m0 < a.m; m0 += kPass) {
+    const int mc = std::min(kPass, a.m - m0);
+    const uint16_t* xb[kPass];
+    const float* xq[kPass];
+    const float* xs[kPass];
+    for (int i = 0; i < kPass; ++i) {
       const int64_t r = pass_row(a, m0, i, mc);
       xb[i] = a.xb + r * a.x_ld;
       xq[i] = a.xq + r * a.x_ld;
       xs[i] = a.xs + r * a.nb;
     }
-    __m512 total[NR][kRowsPerPass];
+    __m512 total[NR][kPass];
     for (auto& tr : total)
       for (auto& t : tr) t = _mm512_setzero_ps();
     for (int64_t kb = 0; kb < a.nb; ++kb) {
@@ -368,7 +368,7 @@ void bf16_rows(const BlockScaledArgs& a, int64_t n, int64_t stride) {
         // Weights carry 2^-120 and activations 2^112 (kBf16ActShift): the dot is 2^-8 too small.
       }
 #pragma GCC unroll 8
-      for (int i = 0; i < kRowsPerPass; ++i) {
+      for (int i = 0; i < kPass; ++i) {
         if (i >= mc) break;
         const uint16_t* xp = xb[i] + kb * kBlock;
         const __m512bh x0 = (__m512bh)_mm512_loadu_si512(xp), x1 = (__m512bh)_mm512_loadu_si512(xp + 32);
@@ -406,15 +406,23 @@ void bf16_rows(const BlockScaledArgs& a, int64_t n, int64_t stride) {
 // interleaved in one page streamed at ~16 GB/s from DRAM where two streams in separate pages
 // reached ~26 (2 Intel Xeon vCPUs, FP8, one activation row, 8 x 7168 x 2048 codes; docs/cpu.md).
 // Each row's result does not depend on its partner: the order changes no bit.
-template <bool kFp4>
-void block_scaled_bf16(const BlockScaledArgs& a) {
+template <bool kFp4, int kPass>
+void block_scaled_bf16_pass(const BlockScaledArgs& a) {
   int64_t n = a.n0;
   if (a.m >= a.pair_from_rows) {
     const int64_t half = (a.n1 - a.n0) / 2;
-    for (int64_t i = 0; i < half; ++i) bf16_rows<kFp4, 2>(a, a.n0 + i, half);
+    for (int64_t i = 0; i < half; ++i) bf16_rows<kFp4, 2, kPass>(a, a.n0 + i, half);
     n = a.n0 + 2 * half;
   }
-  for (; n < a.n1; ++n) bf16_rows<kFp4, 1>(a, n, 1);
+  for (; n < a.n1; ++n) bf16_rows<kFp4, 1, kPass>(a, n, 1);
+}
+
+// One activation row (decode) gets a pass of one row: with the pass's eight accumulators per
+// weight row and its row loop bounded at run time, GCC kept them on the stack.
+template <bool kFp4>
+void block_scaled_bf16(const BlockScaledArgs& a) {
+  if (a.m == 1) block_scaled_bf16_pass<kFp4, 1>(a);
+  else block_scaled_bf16_pass<kFp4, kRowsPerPass>(a);
 }
 
 }  // namespace
