@@ -179,20 +179,21 @@ TpSplit DecoderLM::tp() const {
 void DecoderLM::tp_reduce_(Tensor& t) const {
   if (!tp_comm_ || tp_comm_->size() == 1) return;
   if (t.device().host_accessible()) {
-    tp_comm_->all_reduce_sum(t);  // float32 storage holding act values: round the sum once
-    ops::round_(t, act());
-    return;
-  }
-  // The checked collective (a host synchronisation) for each new shape outside a capture; stream
-  // work otherwise.
-  std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
-  shape.push_back(int64_t(t.dtype()));
-  if (shape != tp_checked_shape_ && !detail::capturing(t.device())) {
     tp_comm_->all_reduce_sum(t);
-    tp_checked_shape_ = shape;
-    return;
+  } else {
+    // The checked collective (a host synchronisation) for each new shape outside a capture;
+    // stream work otherwise.
+    std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
+    shape.push_back(int64_t(t.dtype()));
+    if (shape != tp_checked_shape_ && !detail::capturing(t.device())) {
+      tp_comm_->all_reduce_sum(t);
+      tp_checked_shape_ = shape;
+    } else {
+      tp_comm_->all_reduce_sum_enqueue(t);
+    }
   }
-  tp_comm_->all_reduce_sum_enqueue(t);
+  // float32 storage holding act values (the host's activations): the sum rounded once to act.
+  if (t.dtype() == DType::kF32 && act() != DType::kF32) ops::round_(t, act());
 }
 
 void DecoderLM::finish_call() {
