@@ -88,17 +88,24 @@ void expect_error_on_every_rank(const std::vector<std::exception_ptr>& errors, c
   EXPECT_TRUE(named) << "no rank reported its own error";
 }
 
-class ModelTensorParallel : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+// The experts beside tensor parallelism: replicated on every rank, or expert parallel on the same
+// ranks in either dispatch mode.
+enum class ExpertsSide { kWhole, kReplicatedEp, kAllToAllEp };
+
+class ModelTensorParallel : public ::testing::TestWithParam<std::tuple<std::string, ExpertsSide>> {};
 
 TEST_P(ModelTensorParallel, RanksGiveTheSingleProcessLogitsAndTokens) {
-  const auto& [model, with_ep] = GetParam();
+  const auto& [model, experts] = GetParam();
+  const bool with_ep = experts != ExpertsSide::kWhole;
   const std::string dir = checkpoint(model);
   const RankRun one = run_model(dir, model, options(nullptr, nullptr));
   constexpr int kRanks = 2;
   auto comms = make_thread_group(kRanks, std::chrono::seconds(60));
   std::vector<RankRun> runs(kRanks);
   const auto errors = run_ranks(comms, [&](Communicator& c) {
-    runs[size_t(c.rank())] = run_model(dir, model, options(&c, with_ep ? &c : nullptr));
+    LoadOptions o = options(&c, with_ep ? &c : nullptr);
+    if (experts == ExpertsSide::kAllToAllEp) o.ep_mode = ExpertParallelMode::kAllToAll;
+    runs[size_t(c.rank())] = run_model(dir, model, o);
   });
   test::expect_no_rank_errors(errors);
   if (::testing::Test::HasFailure()) return;
@@ -124,9 +131,13 @@ TEST_P(ModelTensorParallel, RanksGiveTheSingleProcessLogitsAndTokens) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelTensorParallel,
                          ::testing::Combine(::testing::Values("qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3",
                                                               "qwen3_vl_moe", "gpt_oss", "olmoe"),
-                                            ::testing::Bool()),
+                                            ::testing::Values(ExpertsSide::kWhole, ExpertsSide::kReplicatedEp,
+                                                              ExpertsSide::kAllToAllEp)),
                          [](const auto& info) {
-                           return std::get<0>(info.param) + (std::get<1>(info.param) ? "_with_ep" : "_alone");
+                           const ExpertsSide e = std::get<1>(info.param);
+                           return std::get<0>(info.param) + (e == ExpertsSide::kWhole          ? "_alone"
+                                                             : e == ExpertsSide::kReplicatedEp ? "_with_ep"
+                                                                                           : "_with_all_to_all_ep");
                          });
 
 // bfloat16: each rank's partial output is rounded once more than on one process; the sums stay
