@@ -163,7 +163,13 @@ class DecoderLM : public CausalLM {
   QuantLoad quant_;
   Communicator* ep_comm_ = nullptr;
   Communicator* tp_comm_ = nullptr;
-  Communicator* group() const { return ep_comm_ ? ep_comm_ : tp_comm_; }  // for barriers
+  // The distinct groups (ep and tp may be one), for the per-call barrier and abort checks.
+  std::vector<Communicator*> groups() const {
+    std::vector<Communicator*> g;
+    for (Communicator* c : {ep_comm_, tp_comm_})
+      if (c && (g.empty() || g.front() != c)) g.push_back(c);
+    return g;
+  }
   mutable std::vector<int64_t> tp_checked_shape_;  // the last partial-sum shape checked (GPU)
   ExpertParallelMode ep_mode_ = ExpertParallelMode::kReplicated;
   mutable std::vector<int64_t> ep_checked_shape_;  // the last call shape the ranks agreed on (GPU)

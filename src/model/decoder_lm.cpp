@@ -197,11 +197,12 @@ void DecoderLM::tp_reduce_(Tensor& t) const {
 }
 
 void DecoderLM::finish_call() {
-  if (group() && !info_.device.host_accessible()) group()->barrier();
+  if (info_.device.host_accessible()) return;
+  for (Communicator* c : groups()) c->barrier();
 }
 
 void DecoderLM::before_step() {
-  if (group()) group()->throw_if_aborted();
+  for (Communicator* c : groups()) c->throw_if_aborted();
 }
 
 DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
@@ -256,8 +257,13 @@ DecoderLM::DecoderLM(const Checkpoint& ckpt, const LoadOptions& options,
   if (ep_comm_)
     for (const auto& name : ckpt.names())
       if (const auto e = routed_expert_of(name); e && *e >= 0) per_expert_count = std::max(per_expert_count, *e + 1);
+  // A q norm as wide as the whole projection (OLMoE) keeps q / k whole (the architecture checks
+  // the config's sizes; here an overflowing product just means "no").
   const std::string q_norm = prefix_ + "layers.0.self_attn.q_norm.weight";
-  const bool qk_whole = cfg_.num_heads > 1 && ckpt.has(q_norm) && ckpt.shape(q_norm) == Shape{cfg_.num_heads * cfg_.head_dim};
+  int64_t q_width = 0;
+  const bool qk_whole = tp_comm_ && cfg_.num_heads > 1 &&
+                        !__builtin_mul_overflow(cfg_.num_heads, cfg_.head_dim, &q_width) && ckpt.has(q_norm) &&
+                        ckpt.shape(q_norm) == Shape{q_width};
   auto rank_share = [&](const std::string& name, const Tensor& t) -> double {
     if (tp_comm_ && tensor_parallel_share(name, qk_whole)) return 1.0 / double(tp_comm_->size());
     const auto e = routed_expert_of(name);
