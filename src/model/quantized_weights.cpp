@@ -2,6 +2,7 @@
 #include "model/quantized_weights.hpp"
 
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -198,8 +199,9 @@ ops::LinearWeight load_linear_weight(const Checkpoint& ckpt, const std::string& 
   const std::string wname = name + ".weight";
   const bool scaled = is_quantized_weight(ckpt, name);
   const bool split = tp.active();
-  const auto [b, e] = split ? tp.range(tp.dim == TpSplit::Dim::kOut ? out : in, "'" + wname + "'")
-                            : std::pair<int64_t, int64_t>{0, 0};
+  // (Plain variables, not a structured binding: the lambda below captures them.)
+  int64_t b = 0, e = 0;
+  if (split) std::tie(b, e) = tp.range(tp.dim == TpSplit::Dim::kOut ? out : in, "'" + wname + "'");
   auto share = [&](const Tensor& t) { return split ? cut(t, tp.dim, b, e) : t; };
   if (!scaled) {
     // A weight in a quantized dtype without its scale would be read as bare codes.
