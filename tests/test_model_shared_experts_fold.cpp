@@ -126,6 +126,11 @@ TEST(SharedExpertsFold, Bf16WithinTolerance) {
       auto folded = load("checkpoint_bf16", DType::kBF16, SharedExpertsFold::kOn, backend, dev);
       EXPECT_LE(test::rel_l2_error(folded->logits(ids), ref->get("logits_bf16_" + backend)), tol)
           << backend << " on " << dev.str();
+      // The float32 checkpoint loaded as bf16: the folded parts are converted at load as the
+      // unfolded shared expert's linears are.
+      auto converted = load("checkpoint_fp32", DType::kBF16, SharedExpertsFold::kOn, backend, dev);
+      auto plain = load("checkpoint_fp32", DType::kBF16, SharedExpertsFold::kOff, backend, dev);
+      EXPECT_LE(test::rel_l2_error(converted->logits(ids), plain->logits(ids)), tol) << backend << " on " << dev.str();
     }
 }
 

@@ -324,10 +324,13 @@ static Tensor shared_fold_part(const Checkpoint& ckpt, const SharedFold& fold, i
   const int64_t S = fold.intermediate, begin = j * I, width = std::min(I, S - begin);
   const bool down = proj == "down_proj";
   const std::string name = fold.prefix + "." + proj + ".weight";
-  const Tensor whole = ckpt.get(name, down ? Shape{H, S} : Shape{S, H}, dtype);
-  if (width == I) return down ? whole.slice(1, begin, begin + I) : whole.slice(0, begin, begin + I);
+  // The stored tensor (a view of the mapping), sliced before any conversion: each part converts
+  // only its own columns.
+  const Tensor whole = ckpt.get(name, down ? Shape{H, S} : Shape{S, H}, ckpt.get(name).dtype());
+  const Tensor cols_of_j = down ? whole.slice(1, begin, begin + width) : whole.slice(0, begin, begin + width);
+  if (width == I) return cols_of_j.to(dtype);
   Tensor part = Tensor::zeros(down ? Shape{H, I} : Shape{I, H}, dtype);
-  const Tensor src = (down ? whole.slice(1, begin, S) : whole.slice(0, begin, S)).contiguous();
+  const Tensor src = cols_of_j.contiguous().to(dtype);
   const size_t es = dtype_size(dtype);
   const int64_t rows = down ? H : width, cols = down ? width : H;
   for (int64_t r = 0; r < rows; ++r)

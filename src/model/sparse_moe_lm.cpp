@@ -141,14 +141,12 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
       experts_.push_back(load_experts(ckpt, m + ".experts", spec, dt, flags_.expert_names, info_.device, quant(),
                                       &shard, fold_ > 0 ? &fold : nullptr));
       L.experts = &experts_.back();
-      if (fold_ > 0) {
+      if (flags_.shared_expert) {
+        if (fold_ == 0) {  // folded, its projections are experts of L.experts
+          L.shared = load_gated_mlp(ckpt, m + ".shared_expert", H, shared_I, dt, act_fn, dev, quant(), tp_share);
+          record_mlp("shared_experts", L.shared);
+        }
         L.shared_gate = load_linear(ckpt, m + ".shared_expert_gate", 1, H, dt, false, dev, false, quant());
-        record_weights("shared_experts", {&L.shared_gate});
-      } else if (flags_.shared_expert) {
-        L.shared = load_gated_mlp(ckpt, m + ".shared_expert", H,
-                                  c.get_int("shared_expert_intermediate_size"), dt, act_fn, dev, quant(), tp_share);
-        L.shared_gate = load_linear(ckpt, m + ".shared_expert_gate", 1, H, dt, false, dev, false, quant());
-        record_mlp("shared_experts", L.shared);
         record_weights("shared_experts", {&L.shared_gate});
       }
       record_weights("router", {&L.router});
