@@ -54,7 +54,6 @@ ExpertsImplementation parse_experts_implementation(const std::string& spec);
 std::string experts_implementation_json(const ExpertsImplementation& map);
 
 enum class SharedExpertsStream : unsigned char { kAuto, kOn, kOff };
-enum class SharedExpertsFold : unsigned char { kAuto, kOn, kOff };
 
 struct LoadOptions {
   // Weight and activation dtype; nullopt = the checkpoint's config "dtype" / "torch_dtype"
@@ -80,16 +79,6 @@ struct LoadOptions {
   // never. The outputs are the same bits either way. Quantized shared experts and the host run
   // them in line.
   SharedExpertsStream shared_experts_stream = SharedExpertsStream::kAuto;
-  // Qwen2-MoE's shared expert folded into its layer's routed experts (docs/gpu_model.md, "the
-  // shared expert as routed experts"): its intermediate columns cut into experts of the routed
-  // size that every token takes with the shared gate's weight, so one experts call computes both.
-  // The same sums in another order (float32 logits agree to rounding; bf16 rounds the shared
-  // expert's output once, inside the experts' combine, instead of three times). kOn: wherever the
-  // layout allows (the last part zero-padded), else InvalidInput naming why (quantized or
-  // fused-layout experts, expert or tensor parallelism); kOff and kAuto: never (kAuto is to fold
-  // where a measurement on the device shows it pays; none is recorded yet, docs/gpu_model.md).
-  // ModelInfo::shared_experts_folded says how many experts each layer gained.
-  SharedExpertsFold shared_experts_fold = SharedExpertsFold::kAuto;
   // Expert parallelism (docs/expert_parallel.md): with a communicator of N ranks, this model
   // loads only its rank's contiguous share of every MoE layer's routed experts (E / N of them;
   // InvalidInput when N does not divide E) and runs them with expert_parallel_forward in
@@ -193,9 +182,6 @@ struct ModelInfo {
   std::vector<int64_t> moe_layers;  // indices of layers whose MLP is a MoE block
   int64_t num_experts = 0;          // routed experts per MoE layer
   int64_t experts_per_token = 0;    // k
-  // Experts each MoE layer's module holds beyond its num_experts routed ones: its shared expert,
-  // folded (LoadOptions::shared_experts_fold), taken by every token. 0: not folded.
-  int64_t shared_experts_folded = 0;
   int64_t parameter_count = 0;      // elements of every tensor in the checkpoint
   std::vector<std::string> sub_configs;  // e.g. {"text_config", "vision_config"}; {} for plain LMs
   // Load statistics (from_pretrained): bytes of the weights placed on `device` (after dtype

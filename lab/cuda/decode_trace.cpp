@@ -9,7 +9,6 @@
 //       -Lbuild -lmoex -L/usr/local/cuda/lib64 -lcupti -Wl,-rpath,$PWD/build -o build/decode_trace
 //   build/decode_trace --model DIR [--batch 1] [--prompt 128] [--new-tokens 8] [--timeline 40]
 //       [--experts-implementation grouped_mm] [--shared-experts-stream auto|on|off]
-//       [--shared-experts-fold auto|on|off]
 #include <cupti.h>
 #include <cxxabi.h>
 
@@ -80,8 +79,7 @@ int main(int argc, char** argv) {
   const char* dir = arg(argc, argv, "--model", nullptr);
   if (!dir) {
     std::fprintf(stderr, "usage: decode_trace --model DIR [--batch B] [--prompt P] [--new-tokens N] [--timeline K]\n"
-                         "       [--experts-implementation NAME] [--shared-experts-stream auto|on|off]\n"
-                         "       [--shared-experts-fold auto|on|off]\n");
+                         "       [--experts-implementation NAME] [--shared-experts-stream auto|on|off]\n");
     return 2;
   }
   const int64_t B = std::atoll(arg(argc, argv, "--batch", "1")), P = std::atoll(arg(argc, argv, "--prompt", "128"));
@@ -93,10 +91,6 @@ int main(int argc, char** argv) {
     o.shared_experts_stream = side == "on"    ? moex::SharedExpertsStream::kOn
                               : side == "off" ? moex::SharedExpertsStream::kOff
                                               : moex::SharedExpertsStream::kAuto;
-    const std::string fold = arg(argc, argv, "--shared-experts-fold", "auto");
-    o.shared_experts_fold = fold == "on"    ? moex::SharedExpertsFold::kOn
-                            : fold == "off" ? moex::SharedExpertsFold::kOff
-                                            : moex::SharedExpertsFold::kAuto;
     auto lm = moex::from_pretrained(dir, o);
     std::mt19937_64 rng(1);
     std::vector<int64_t> ids(size_t(B * P));

@@ -178,8 +178,6 @@ std::vector<Flag> load_flags() {
                          "the model dtype at load"},
       {"shared-experts-stream", "MODE", "auto|on|off: CUDA: shared experts on a second stream beside "
                                         "the routed ones (auto: decode-sized calls)"},
-      {"shared-experts-fold", "MODE", "auto|on|off: a Qwen2-MoE shared expert as routed experts every "
-                                      "token takes (auto: off until measured)"},
   };
 }
 
@@ -192,11 +190,6 @@ LoadOptions load_options(const Args& a) {
   else if (side == "on") o.shared_experts_stream = SharedExpertsStream::kOn;
   else if (side == "off") o.shared_experts_stream = SharedExpertsStream::kOff;
   else throw InvalidInput("--shared-experts-stream must be auto, on or off, got '" + side + "'");
-  const std::string fold = a.get_or("shared-experts-fold", "auto");
-  if (fold == "auto") o.shared_experts_fold = SharedExpertsFold::kAuto;
-  else if (fold == "on") o.shared_experts_fold = SharedExpertsFold::kOn;
-  else if (fold == "off") o.shared_experts_fold = SharedExpertsFold::kOff;
-  else throw InvalidInput("--shared-experts-fold must be auto, on or off, got '" + fold + "'");
   return o;
 }
 

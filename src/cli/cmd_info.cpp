@@ -45,7 +45,6 @@ int run_info(const std::vector<std::string>& argv) {
   j["num_moe_layers"] = i.moe_layers.size();
   j["num_experts"] = i.num_experts;
   j["experts_per_token"] = i.experts_per_token;
-  j["shared_experts_folded"] = i.shared_experts_folded;
   j["sub_configs"] = i.sub_configs;
   j["eos_token_ids"] = lm->default_eos_token_ids();
   j["experts_implementation"] = lm->get_experts_implementation();

@@ -85,22 +85,16 @@ class DecoderLM : public CausalLM {
   // The last step of an MoE architecture's constructor, once `modules` (a container of Experts
   // whose addresses stay valid) is final: registers each under `key` (the sub-config governing
   // it, "" for the model), records E and k in info_, and applies the requested map.
-  // `folded`: experts each module holds after its routed ones (a folded shared expert: their
-  // bytes count as shared_experts, and prepare_experts warms "auto" with k + folded slots).
   template <class Modules>
   void finish_experts(const Modules& modules, const std::string& key, int64_t num_experts,
-                      int64_t top_k, const ExpertsImplementation& requested, int64_t folded = 0) {
+                      int64_t top_k, const ExpertsImplementation& requested) {
     for (const Experts& e : modules) {
       register_experts_module(key, &e);
-      const int64_t held = e.spec().num_experts, bytes = e.stored_weights().nbytes();
-      const int64_t shared = held > 0 ? bytes / held * folded : 0;  // every expert the same size
-      info_.experts_weight_bytes += bytes - shared;
-      record_experts("routed_experts", e, bytes - shared);
-      if (shared > 0) record_experts("shared_experts", e, shared);
+      info_.experts_weight_bytes += e.stored_weights().nbytes();
+      record_experts("routed_experts", e);
     }
     info_.num_experts = num_experts;
     info_.experts_per_token = top_k;
-    info_.shared_experts_folded = folded;
     init_experts_implementation(requested);
   }
 
@@ -122,7 +116,7 @@ class DecoderLM : public CausalLM {
   // the lm_head, finish_experts the routed experts; architectures record the rest.
   void record_weights(const std::string& group, const ops::LinearWeight& w);
   void record_weights(const std::string& group, const Tensor& t);
-  void record_experts(const std::string& group, const Experts& e, int64_t bytes);
+  void record_experts(const std::string& group, const Experts& e);
   void record_weights(const std::string& group, std::initializer_list<const Linear*> ls) {
     for (const Linear* l : ls) record_weights(group, l->weight);
   }

@@ -122,7 +122,7 @@ void CausalLM::prepare_experts(const ExpertsImplementation& map) const {
     module->prepare(it->second);
     // "auto" resolves its table at the first call of a shape and k (measuring it the first time
     // on a device): make that call now, outside any clock or graph capture.
-    const int64_t k = std::min(info_.experts_per_token + info_.shared_experts_folded, module->spec().num_experts);
+    const int64_t k = std::min(info_.experts_per_token, module->spec().num_experts);
     if (it->second == "auto" && k > 0) {
       const Device dev = module->device();
       std::vector<int64_t> ids(static_cast<size_t>(k));

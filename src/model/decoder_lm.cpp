@@ -377,9 +377,9 @@ void DecoderLM::record_weights(const std::string& group, const Tensor& t) {
   record_group({group, std::string(dtype_name(t.dtype())), "", "", 1, int64_t(t.nbytes())});
 }
 
-void DecoderLM::record_experts(const std::string& group, const Experts& e, int64_t bytes) {
+void DecoderLM::record_experts(const std::string& group, const Experts& e) {
   const QuantScheme& q = e.spec().quant;
-  WeightGroupInfo g{group, std::string(dtype_name(e.dtype())), "", "", 1, bytes};
+  WeightGroupInfo g{group, std::string(dtype_name(e.dtype())), "", "", 1, e.stored_weights().nbytes()};
   if (q.quantized()) {
     g.storage = quant_storage(q);
     g.block = std::to_string(q.block_n) + "x" + std::to_string(q.block_k);

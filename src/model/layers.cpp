@@ -306,59 +306,17 @@ static Experts load_quantized_experts(const Checkpoint& ckpt, const std::string&
   return Experts(spec, std::move(w));
 }
 
-std::string shared_fold_unsupported(const Checkpoint& ckpt, const std::string& experts_prefix,
-                                    const SharedFold& fold, const ExpertNames& names, bool parallel) {
-  if (parallel) return "expert or tensor parallelism splits the experts and the shared expert differently";
-  if (ckpt.has(experts_prefix + ".gate_up_proj")) return "the checkpoint fuses its experts (gate_up_proj)";
-  const std::string probe = experts_prefix + ".0." + names.gate + names.suffix.substr(0, names.suffix.rfind(".weight"));
-  if (is_quantized_weight(ckpt, probe)) return "its experts are quantized";
-  for (const char* proj : {".gate_proj", ".up_proj", ".down_proj"})
-    if (is_quantized_weight(ckpt, fold.prefix + proj)) return "its shared expert is quantized";
-  return "";
-}
-
-// Expert E + j of a fold (SharedFold): the shared expert's intermediate columns [j I, (j + 1) I)
-// of projection `proj` as a [I, H] (gate / up) or [H, I] (down) host tensor of `dtype`.
-static Tensor shared_fold_part(const Checkpoint& ckpt, const SharedFold& fold, int64_t j, const std::string& proj,
-                               int64_t H, int64_t I, DType dtype) {
-  const int64_t S = fold.intermediate, begin = j * I, width = std::min(I, S - begin);
-  const bool down = proj == "down_proj";
-  const std::string name = fold.prefix + "." + proj + ".weight";
-  // The stored tensor (a view of the mapping), sliced before any conversion: each part converts
-  // only its own columns.
-  const Tensor whole = ckpt.get(name, down ? Shape{H, S} : Shape{S, H}, ckpt.get(name).dtype());
-  const Tensor cols_of_j = down ? whole.slice(1, begin, begin + width) : whole.slice(0, begin, begin + width);
-  if (width == I) return cols_of_j.to(dtype);
-  Tensor part = Tensor::zeros(down ? Shape{H, I} : Shape{I, H}, dtype);
-  const Tensor src = cols_of_j.contiguous().to(dtype);
-  const size_t es = dtype_size(dtype);
-  const int64_t rows = down ? H : width, cols = down ? width : H;
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(static_cast<char*>(part.raw()) + size_t(r * (down ? I : H)) * es,
-                static_cast<const char*>(src.raw()) + size_t(r * cols) * es, size_t(cols) * es);
-  return part;
-}
-
 Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const ExpertsSpec& full_spec,
                      DType dtype, const ExpertNames& names, Device device, const QuantLoad& quant,
-                     const ExpertShard* shard, const SharedFold* fold) {
-  // Local expert e is global expert first + e; with a fold, experts routed .. E - 1 are its parts.
-  ExpertsSpec spec = shard ? shard_experts_spec(full_spec, *shard) : full_spec;
-  const int64_t routed = spec.num_experts;
-  if (fold) {
-    if (shard && shard->count != full_spec.num_experts)
-      throw Unsupported(prefix + ": a shared expert cannot be folded into a shard of the experts");
-    spec.num_experts += fold->experts(spec.intermediate);
-  }
+                     const ExpertShard* shard) {
+  // Local expert e is global expert first + e.
+  const ExpertsSpec spec = shard ? shard_experts_spec(full_spec, *shard) : full_spec;
   const int64_t first = shard ? shard->first : 0;
   const int64_t E = spec.num_experts, H = spec.hidden, I = spec.intermediate;
   ExpertsWeights w;
   const std::string probe = prefix + "." + std::to_string(first) + "." + names.gate +
                             names.suffix.substr(0, names.suffix.rfind(".weight"));
   const bool quantized = !ckpt.has(prefix + ".gate_up_proj") && is_quantized_weight(ckpt, probe);
-  if (fold && (quantized || ckpt.has(prefix + ".gate_up_proj") || !spec.has_gate || spec.is_transposed ||
-               !spec.is_concatenated || spec.has_bias))
-    throw Unsupported(prefix + ": a shared expert folds only into plain gated per-expert float experts");
   if (quantized && !quant.quantized)
     throw InvalidInput("tensor '" + probe + ".weight_scale_inv' in " + ckpt.dir() +
                        " is a block scale, but its config.json has no quantization_config");
@@ -381,9 +339,6 @@ Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const Ex
     return Experts(spec, std::move(w));
   }
   const auto expert_tensor = [&](int64_t e, const std::string& proj, Shape shape) {
-    if (e >= routed)
-      return shared_fold_part(ckpt, *fold, e - routed,
-                              proj == names.gate ? "gate_proj" : proj == names.up ? "up_proj" : "down_proj", H, I, dtype);
     const std::string name = prefix + "." + std::to_string(first + e) + "." + proj + names.suffix;
     if (quantized)  // dequantized at load: value x scale in float32, rounded to dtype
       return dequantize(read_quantized(ckpt, name.substr(0, name.rfind(".weight")), shape[0], shape[1],

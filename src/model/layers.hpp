@@ -172,35 +172,9 @@ struct ExpectedShapes {
 // With `shard` (expert parallelism) only the shard's experts are read: the result holds
 // shard->count experts, global ids [first, first + count), and the other experts' tensors are
 // never touched (a rank's memory holds its share).
-// With `fold` a shared expert joins them as more experts (SharedFold; the result holds
-// spec.num_experts + fold->experts(I)); plain float per-expert checkpoints only (Unsupported
-// otherwise: callers check shared_fold_unsupported first).
-struct SharedFold;
 Experts load_experts(const Checkpoint& ckpt, const std::string& prefix, const ExpertsSpec& spec,
                      DType dtype, const ExpertNames& names = {}, Device device = Device::cpu(),
-                     const QuantLoad& quant = QuantLoad(), const ExpertShard* shard = nullptr,
-                     const SharedFold* fold = nullptr);
-
-// A shared expert folded into its layer's routed experts: the gated MLP `<prefix>.gate_proj /
-// up_proj / down_proj` of intermediate size `intermediate`, cut into experts(I) experts of the
-// routed intermediate size I appended after the routed ones. Expert E + j holds the shared
-// intermediate columns [j I, (j + 1) I): its gate / up rows and its down columns; the last is
-// zero-padded when I does not divide the size (a zero gate and up give act(0) * 0 = 0, and zero
-// down columns add nothing). Every token then takes these experts at fixed slots of its routing
-// (ops::FixedSlots) with the shared gate's weight, and the shared expert's sum over its
-// intermediate columns becomes the experts' sum over their slots: the same value, summed in
-// another order. Why: on a device the shared expert's projections join the routed experts' launches
-// (one gate / up and one down product per layer in decode, streaming both experts' weights at
-// once) instead of a second chain of launches beside them.
-struct SharedFold {
-  std::string prefix;
-  int64_t intermediate = 0;
-  int64_t experts(int64_t I) const { return (intermediate + I - 1) / I; }
-};
-// Why a layer's shared expert cannot be folded into its experts (empty when it can): quantized
-// or fused-layout experts, a quantized shared expert, expert or tensor parallelism.
-std::string shared_fold_unsupported(const Checkpoint& ckpt, const std::string& experts_prefix,
-                                    const SharedFold& fold, const ExpertNames& names, bool parallel);
+                     const QuantLoad& quant = QuantLoad(), const ExpertShard* shard = nullptr);
 // The same experts with their weights copied to `device` (unchanged when already there or when
 // `device` is the host).
 Experts experts_to(const Experts& experts, Device device);

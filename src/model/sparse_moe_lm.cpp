@@ -97,21 +97,6 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
   const ExpertsSpec spec = gated_experts_spec(num_experts_, H, moe_I, act_fn);
   const ExpertShard shard = expert_shard(num_experts_);
 
-  // The shared expert folded into the routed experts (LoadOptions::shared_experts_fold): asked
-  // for with kOn; kAuto does not fold until the device's measurement says where it pays.
-  const int64_t shared_I = flags_.shared_expert ? c.get_int("shared_expert_intermediate_size") : 0;
-  const auto first_moe = std::find(moe.begin(), moe.end(), true);
-  if (flags_.shared_expert && first_moe != moe.end() && options.shared_experts_fold == SharedExpertsFold::kOn) {
-    if (shared_I <= 0) throw InvalidInput(c.where + ": shared_expert_intermediate_size must be > 0");
-    const std::string m = prefix() + "layers." + std::to_string(first_moe - moe.begin()) + "." + flags_.moe_block;
-    const SharedFold probe{m + ".shared_expert", shared_I};
-    const std::string why = shared_fold_unsupported(ckpt, m + ".experts", probe, flags_.expert_names,
-                                                    tp_share.parts > 1 || shard.count != num_experts_);
-    if (!why.empty())
-      throw InvalidInput(c.where + ": the shared expert cannot be folded into the routed experts: " + why);
-    fold_ = probe.experts(moe_I);
-  }
-
   layers_.resize(size_t(c.num_layers));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     Layer& L = layers_[size_t(l)];
@@ -137,16 +122,13 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
     const std::string m = p + flags_.moe_block;
     if (L.moe) {
       L.router = load_linear(ckpt, m + ".gate", num_experts_, H, dt, false, dev, false, quant());
-      const SharedFold fold{m + ".shared_expert", shared_I};
-      experts_.push_back(load_experts(ckpt, m + ".experts", spec, dt, flags_.expert_names, info_.device, quant(),
-                                      &shard, fold_ > 0 ? &fold : nullptr));
+      experts_.push_back(load_experts(ckpt, m + ".experts", spec, dt, flags_.expert_names, info_.device, quant(), &shard));
       L.experts = &experts_.back();
       if (flags_.shared_expert) {
-        if (fold_ == 0) {  // folded, its projections are experts of L.experts
-          L.shared = load_gated_mlp(ckpt, m + ".shared_expert", H, shared_I, dt, act_fn, dev, quant(), tp_share);
-          record_mlp("shared_experts", L.shared);
-        }
+        L.shared = load_gated_mlp(ckpt, m + ".shared_expert", H,
+                                  c.get_int("shared_expert_intermediate_size"), dt, act_fn, dev, quant(), tp_share);
         L.shared_gate = load_linear(ckpt, m + ".shared_expert_gate", 1, H, dt, false, dev, false, quant());
+        record_mlp("shared_experts", L.shared);
         record_weights("shared_experts", {&L.shared_gate});
       }
       record_weights("router", {&L.router});
@@ -156,7 +138,7 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
       record_mlp("dense_mlp", L.dense);
     }
   }
-  finish_experts(experts_, flags_.experts_key, num_experts_, top_k_, options.experts_implementation, fold_);
+  finish_experts(experts_, flags_.experts_key, num_experts_, top_k_, options.experts_implementation);
 }
 
 void SparseMoeLM::moe_forward(const Layer& L, const Tensor& attn_out, Tensor& h) const {
@@ -169,15 +151,6 @@ void SparseMoeLM::moe_forward(const Layer& L, const Tensor& attn_out, Tensor& h)
   if (!flags_.shared_expert) {
     std::vector<Tensor> p = norm_linears(h, &attn_out, L.post_norm, eps, {&L.router}, a, &x);
     Routing r = ops::softmax_topk(p[0], top_k_, norm_topk_prob_, routing_dtype);
-    ops::add_(h, run_experts(*L.experts, experts_backend(flags_.experts_key), x, r, a), a);
-    return;
-  }
-  if (fold_ > 0) {
-    // The shared expert is experts num_experts_ .. num_experts_ + fold_ - 1 of L.experts, taken
-    // by every row with the rounded sigmoid of its gate: one experts call for both.
-    std::vector<Tensor> p = norm_linears(h, &attn_out, L.post_norm, eps, {&L.router, &L.shared_gate}, a, &x);
-    const ops::FixedSlots shared{num_experts_, fold_, &p[1], a};
-    Routing r = ops::softmax_topk(p[0], top_k_, norm_topk_prob_, routing_dtype, &shared);
     ops::add_(h, run_experts(*L.experts, experts_backend(flags_.experts_key), x, r, a), a);
     return;
   }

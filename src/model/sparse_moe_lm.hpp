@@ -57,7 +57,7 @@ class SparseMoeLM final : public DecoderLM {
     Linear router;               // [E, H]
     const Experts* experts = nullptr;
     GatedMlp dense;              // non-MoE layers
-    GatedMlp shared;             // qwen2_moe shared expert (unloaded when folded into `experts`)
+    GatedMlp shared;             // qwen2_moe shared expert
     Linear shared_gate;          // [1, H]
   };
   // h += attn_out, then the MoE block on post_attention_layernorm(h), added to h.
@@ -72,7 +72,6 @@ class SparseMoeLM final : public DecoderLM {
   bool norm_topk_prob_ = false;
   float clip_qkv_ = 0;
   SharedExpertsStream shared_stream_ = SharedExpertsStream::kAuto;
-  int64_t fold_ = 0;  // experts each layer's shared expert became (layers.hpp's SharedFold); 0: not folded
   std::vector<Layer> layers_;
   std::deque<Experts> experts_;  // a deque: addresses stay valid while it grows
 };

@@ -212,16 +212,8 @@ Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const Att
   return dispatch("attention", q.device(), [&] { return cpu::attention(q, kv, step, spec, act); }, MOEX_OPS_DEVICE(attention(q, kv, step, spec, act)));
 }
 
-Routing softmax_topk(const Tensor& logits, int64_t k, bool normalize, DType weights_dtype, const FixedSlots* fixed) {
-  if (fixed) {
-    if (fixed->count < 1) throw InvalidInput("softmax_topk: fixed slots need a count >= 1");
-    if (fixed->gate && (fixed->gate->dim() != 2 || fixed->gate->size(0) != logits.size(0) ||
-                        fixed->gate->size(1) != 1 || fixed->gate->device() != logits.device() ||
-                        !fixed->gate->is_contiguous()))
-      throw InvalidInput("softmax_topk: the fixed slots' gate must be a contiguous [rows, 1] on the logits' device, got " +
-                         fixed->gate->str());
-  }
-  return dispatch("softmax_topk", logits.device(), [&] { return cpu::softmax_topk(logits, k, normalize, weights_dtype, fixed); }, MOEX_OPS_DEVICE(softmax_topk(logits, k, normalize, weights_dtype, fixed)));
+Routing softmax_topk(const Tensor& logits, int64_t k, bool normalize, DType weights_dtype) {
+  return dispatch("softmax_topk", logits.device(), [&] { return cpu::softmax_topk(logits, k, normalize, weights_dtype); }, MOEX_OPS_DEVICE(softmax_topk(logits, k, normalize, weights_dtype)));
 }
 Routing topk_softmax(const Tensor& logits, int64_t k, DType act) {
   return dispatch("topk_softmax", logits.device(), [&] { return cpu::topk_softmax(logits, k, act); }, MOEX_OPS_DEVICE(topk_softmax(logits, k, act)));

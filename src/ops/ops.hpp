@@ -335,23 +335,10 @@ struct Routing {
 void torch_topk(const float* values, int64_t n, int64_t k, bool sorted, int64_t* idx_out,
                 float* val_out);
 
-// Slots every row gives to the same experts after its routed top k: a shared expert folded into
-// the routed ones as `count` experts first, first + 1, ... (model/shared_experts_fold.hpp). Their
-// weight is round(sigmoid(gate[row]), gate_dtype) (Qwen2-MoE's shared_expert_gate, [rows, 1], the
-// act values of the gate linear's output) when `gate` is set, else 1.
-struct FixedSlots {
-  int64_t first = 0;
-  int64_t count = 0;
-  const Tensor* gate = nullptr;
-  DType gate_dtype = DType::kF32;
-};
-
 // Softmax router (Mixtral / Qwen-MoE / OLMoE): p = softmax(logits) in float32, torch.topk(p, k)
 // (sorted), optionally renormalised to sum 1, weights rounded to `weights_dtype` (the hidden
-// dtype; Mixtral keeps float32). logits float32 [rows, E]. With `fixed` the result has
-// k + fixed->count slots per row, the routed k first.
-Routing softmax_topk(const Tensor& logits, int64_t k, bool normalize, DType weights_dtype,
-                     const FixedSlots* fixed = nullptr);
+// dtype; Mixtral keeps float32). logits float32 [rows, E].
+Routing softmax_topk(const Tensor& logits, int64_t k, bool normalize, DType weights_dtype);
 // gpt-oss router after its linear: torch.topk(logits, k) (sorted), softmax over the k chosen
 // values in float32, rounded to act.
 Routing topk_softmax(const Tensor& logits, int64_t k, DType act);

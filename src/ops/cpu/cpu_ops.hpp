@@ -59,8 +59,7 @@ Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_
 
 Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const AttentionSpec& spec, DType act);
 
-Routing softmax_topk(const Tensor& logits, int64_t k, bool normalize, DType weights_dtype,
-                     const FixedSlots* fixed);
+Routing softmax_topk(const Tensor& logits, int64_t k, bool normalize, DType weights_dtype);
 Routing topk_softmax(const Tensor& logits, int64_t k, DType act);
 Routing sigmoid_group_topk(const Tensor& logits, const Tensor& correction, const GroupLimitedTopk& spec);
 

@@ -49,12 +49,9 @@ float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 }  // namespace
 
-Routing softmax_topk(const Tensor& logits, int64_t k, bool normalize, DType weights_dtype,
-                     const FixedSlots* fixed) {
+Routing softmax_topk(const Tensor& logits, int64_t k, bool normalize, DType weights_dtype) {
   const int64_t rows = logits.size(0), n = logits.size(1);
-  const int64_t c = fixed ? fixed->count : 0, slots = k + c;
-  RoutingOut o(rows, slots);
-  const Tensor gate = fixed && fixed->gate ? fixed->gate->to(DType::kF32) : Tensor();
+  RoutingOut o(rows, k);
   const float* L = logits.data<float>();
   std::vector<float> probs(static_cast<size_t>(n));
   for (int64_t t = 0; t < rows; ++t) {
@@ -63,20 +60,14 @@ Routing softmax_topk(const Tensor& logits, int64_t k, bool normalize, DType weig
     float sum = 0;
     for (int64_t e = 0; e < n; ++e) sum += (probs[size_t(e)] = std::exp(l[e] - mx));
     for (int64_t e = 0; e < n; ++e) probs[size_t(e)] /= sum;
-    float* w = o.w + t * slots;
-    torch_topk(probs.data(), n, k, /*sorted=*/true, o.idx + t * slots, w);
+    float* w = o.w + t * k;
+    torch_topk(probs.data(), n, k, /*sorted=*/true, o.idx + t * k, w);
     if (normalize) {
       float s = 0;
       for (int64_t j = 0; j < k; ++j) s += w[j];
       for (int64_t j = 0; j < k; ++j) w[j] /= s;
     }
     for (int64_t j = 0; j < k; ++j) w[j] = round_act(w[j], weights_dtype);
-    // The fixed slots: the same sigmoid, rounded to the gate's dtype, as add_gated_.
-    const float g = gate.defined() ? round_act(sigmoid(gate.data<float>()[t]), fixed->gate_dtype) : 1.0f;
-    for (int64_t j = 0; j < c; ++j) {
-      o.idx[t * slots + k + j] = fixed->first + j;
-      w[k + j] = g;
-    }
   }
   return o.r;
 }

@@ -106,8 +106,7 @@ Tensor attention(const Tensor& q, const LayerKV& kv, const Step& step, const Att
 
 // Exact: the same experts, slot order and weights (to float32 rounding of the softmax) as the
 // host's torch_topk-based routers; top_k_index int64 and top_k_weights float32 on the device.
-Routing softmax_topk(const Tensor& logits, int64_t k, bool normalize, DType weights_dtype,
-                     const FixedSlots* fixed);
+Routing softmax_topk(const Tensor& logits, int64_t k, bool normalize, DType weights_dtype);
 Routing topk_softmax(const Tensor& logits, int64_t k, DType act);
 Routing sigmoid_group_topk(const Tensor& logits, const Tensor& correction, const GroupLimitedTopk& spec);
 

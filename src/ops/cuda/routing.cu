@@ -111,18 +111,8 @@ __device__ float warp_max_element(const Elem* a, int E, int lane) {
   return first != first ? first : m;
 }
 
-// Fixed slots (ops::FixedSlots): `count` slots after the routed k, experts first, first + 1, ...,
-// weighted by the rounded sigmoid of gate[row] (gate null: 1).
-struct FixedSlotsArg {
-  int64_t first = 0;
-  int count = 0;
-  const void* gate = nullptr;
-  int gate_code = 0;
-  int gate_round = 0;
-};
-
 __global__ void softmax_topk_kernel(const void* __restrict__ logits, int code, int64_t rows, int E, int k,
-                                    bool normalize, int w_code, FixedSlotsArg fixed, int64_t* __restrict__ idx_out,
+                                    bool normalize, int w_code, int64_t* __restrict__ idx_out,
                                     float* __restrict__ w_out) {
   moex::cuda::pdl_enter();
   const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
@@ -150,19 +140,10 @@ __global__ void softmax_topk_kernel(const void* __restrict__ logits, int code, i
   float s = 0.0f;
   if (normalize)
     for (int j = 0; j < k; ++j) s = __fadd_rn(s, a[j].v);
-  const int slots = k + fixed.count;
   for (int j = 0; j < k; ++j) {
     const float w = normalize ? __fdiv_rn(a[j].v, s) : a[j].v;
-    idx_out[row * slots + j] = a[j].i;
-    w_out[row * slots + j] = round_to(w, w_code);
-  }
-  if (fixed.count > 0) {
-    // The host's sigmoid (small_ops.cuh), as add_gated_ evaluates it for a float32 act.
-    const float g = fixed.gate ? round_to(sigmoid_f(load_float(fixed.gate, fixed.gate_code, row)), fixed.gate_round) : 1.0f;
-    for (int j = 0; j < fixed.count; ++j) {
-      idx_out[row * slots + k + j] = fixed.first + j;
-      w_out[row * slots + k + j] = g;
-    }
+    idx_out[row * k + j] = a[j].i;
+    w_out[row * k + j] = round_to(w, w_code);
   }
 }
 
@@ -301,27 +282,17 @@ Routing make_routing(int64_t rows, int64_t k, Device dev) {
 
 }  // namespace
 
-Routing softmax_topk(const Tensor& logits, int64_t k, bool normalize, DType weights_dtype, const FixedSlots* fixed) {
+Routing softmax_topk(const Tensor& logits, int64_t k, bool normalize, DType weights_dtype) {
   const int64_t rows = logits.size(0), E = logits.size(1);
   check_k(E, k, "softmax_topk");
   const int code = float_code(logits.dtype(), "softmax_topk"), w_code = float_code(weights_dtype, "softmax_topk");
-  FixedSlotsArg fx;
-  if (fixed) {
-    fx.first = fixed->first;
-    fx.count = int(fixed->count);
-    if (fixed->gate) {
-      fx.gate = fixed->gate->raw();
-      fx.gate_code = float_code(fixed->gate->dtype(), "softmax_topk");
-      fx.gate_round = float_code(fixed->gate_dtype, "softmax_topk");
-    }
-  }
   const Device dev = logits.device();
   moex::cuda::DeviceGuard g(dev.index);
-  Routing r = make_routing(rows, k + fx.count, dev);
+  Routing r = make_routing(rows, k, dev);
   if (rows == 0) return r;
   const RowLaunch l = plan_rows(softmax_topk_kernel, rows, E + kStack, dev.index, "softmax_topk");
   moex::cuda::launch_pdl_here(softmax_topk_kernel, dim3(l.blocks), dim3(l.threads), l.smem, moex::cuda::current_stream(),
-      logits.raw(), code, rows, int(E), int(k), normalize, w_code, fx, r.top_k_index.data<int64_t>(),
+      logits.raw(), code, rows, int(E), int(k), normalize, w_code, r.top_k_index.data<int64_t>(),
       r.top_k_weights.data<float>());
   MOEX_CUDA_CHECK_LAUNCH(softmax_topk_kernel);
   return r;
