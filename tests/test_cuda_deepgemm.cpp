@@ -28,6 +28,7 @@ TEST(CudaDeepGemm, SkippedInCpuOnlyBuild) { GTEST_SKIP() << "built without CUDA 
 
 #include "cuda/experts_backend.hpp"
 #include "cuda/experts_ops.hpp"
+#include "cuda/launchers.hpp"
 #include "cuda/runtime.hpp"
 #include "support/cuda_experts_checks.hpp"
 
@@ -67,17 +68,38 @@ mc::ExpertsShape shape(bool fp8, int64_t T, int64_t k, int E, int H, int I) {
   return s;
 }
 
-// The plan is the Hopper kernels at every size (no GEMV, no mma.sync, no SIMT under this name).
+// The plan is the Hopper kernels at every size (no GEMV, no mma.sync, no SIMT under this name):
+// 64-row tiles while experts average at most 48 rows, the masked layout up to 64 tokens.
 TEST(CudaDeepGemmPlan, HopperKernelsAtEverySize) {
   const mc::DeviceTraits h100{9, 0, 132};
-  for (int64_t T : {1, 4, 16, 17, 256, 8192}) {
+  for (int64_t T : {1, 4, 16, 17, 64, 65, 256, 8192}) {
+    const int64_t rows_per_expert = T * 8 / std::min<int64_t>(256, T * 8);
     const mc::ExpertsPlan bf16 = mc::plan_deepgemm(shape(false, T, 8, 256, 7168, 2048), h100);
     EXPECT_EQ(bf16.gemm, mc::GemmPath::kWgmma) << T;
-    EXPECT_EQ(bf16.tile_rows, T * 8 / 256 <= 48 ? 64 : 128) << T;
+    EXPECT_EQ(bf16.tile_rows, rows_per_expert <= 48 ? 64 : 128) << T;
+    EXPECT_EQ(bf16.masked, T <= 64) << T;
     const mc::ExpertsPlan fp8 = mc::plan_deepgemm(shape(true, T, 8, 256, 7168, 2048), h100);
     EXPECT_EQ(fp8.gemm, mc::GemmPath::kWgmmaFp8) << T;
-    EXPECT_EQ(fp8.tile_rows, 128) << T;
+    EXPECT_EQ(fp8.tile_rows, rows_per_expert <= 48 ? 64 : 128) << T;
+    EXPECT_EQ(fp8.masked, T <= 64) << T;
+    if (fp8.masked) {
+      EXPECT_NE(fp8.describe().find("masked layout"), std::string::npos) << fp8.describe();
+    }
   }
+  // The masked table must hold a contiguous fallback (E * T >= P): not with fewer experts than
+  // slots per token, where the contiguous layout runs; a plan forcing it is refused.
+  const mc::ExpertsShape few = shape(false, 4, 8, 4, 256, 128);
+  EXPECT_FALSE(mc::plan_deepgemm(few, h100).masked);
+  mc::ExpertsPlan forced = mc::plan_deepgemm(few, h100);
+  forced.masked = true;
+  EXPECT_THROW(mc::check_plan(forced, few, h100), InvalidInput);
+  // Nor on the fused path or the CUDA-core paths.
+  mc::ExpertsPlan fused = mc::plan_sonicmoe(shape(false, 4, 2, 8, 256, 128), h100);
+  fused.masked = true;
+  EXPECT_THROW(mc::check_plan(fused, shape(false, 4, 2, 8, 256, 128), h100), InvalidInput);
+  mc::ExpertsPlan gemv = mc::plan_grouped_mm(shape(true, 4, 2, 8, 256, 128), h100);
+  gemv.masked = true;
+  EXPECT_THROW(mc::check_plan(gemv, shape(true, 4, 2, 8, 256, 128), h100), InvalidInput);
   mc::ExpertsShape unaligned = shape(false, 4, 2, 8, 256, 128);
   unaligned.aligned16 = false;
   EXPECT_THROW(mc::plan_deepgemm(unaligned, h100), InvalidInput);
@@ -151,6 +173,130 @@ TEST(CudaDeepGemm, GraphReplayEqualsDirectLaunches) {
       SCOPED_TRACE(fp8 ? "fp8" : "bf16");
       expect_graph_replay_equals_direct("deepgemm", s, w, T, 9501);
     }
+  }
+}
+
+// deepgemm with the other layout than its policy picks (masked above 64 tokens, contiguous at or
+// below), so both layouts run at every size in the tests.
+class DeepGemmOtherLayout final : public mc::CudaExpertsBackend {
+ protected:
+  std::string description() const override { return "deepgemm, the other layout (tests)"; }
+  mc::ExpertsPlan plan(const mc::ExpertsArgs& a, const mc::DeviceTraits& d) const override {
+    const mc::ExpertsShape s = mc::shape_of(a);
+    mc::ExpertsPlan p = mc::plan_deepgemm(s, d);
+    if (int64_t(s.experts) * s.tokens >= s.pairs) p.masked = !p.masked;
+    mc::check_plan(p, s, d);
+    return p;
+  }
+  size_t workspace_bytes(const mc::ExpertsArgs& a, const mc::ExpertsPlan& p) const override {
+    return mc::grouped_mm_workspace_bytes(a, p);
+  }
+  void run(const mc::ExpertsArgs& a, const mc::ExpertsPlan& p, void* ws, cudaStream_t st) const override {
+    mc::grouped_mm_experts(a, p, ws, st);
+  }
+};
+MOEX_REGISTER_EXPERTS_BACKEND("deepgemm_other_layout", DeepGemmOtherLayout);
+
+// Both layouts at sizes on either side of the policy's switch, bf16 and FP8, every routing case
+// (duplicates: a token naming one expert twice, which the masked layout lays out contiguously).
+TEST(CudaDeepGemm, BothLayoutsAgainstReference) {
+  SKIP_WITHOUT_HOPPER();
+  uint64_t seed = 9700;
+  const ExpertsSpec bf = bf16_spec(9, 136, 72);
+  const ExpertsSpec q = quantized_spec(QuantScheme::Kind::kFp8E4M3, DType::kF32, 9, 272, 80);
+  const ExpertsWeights wq = random_quantized_experts_weights(q, ++seed);
+  const ExpertsWeights wq_gpu = experts_weights_to(wq, Device::cuda());
+  for (int64_t T : {1, 7, 64, 65, 300})
+    for (RoutingCase rc : {RoutingCase::kRandom, RoutingCase::kEmptyExperts, RoutingCase::kDuplicates,
+                           RoutingCase::kSentinels}) {
+      check_experts_case(Device::cuda(), "deepgemm_other_layout", bf, DType::kBF16, T, 3, rc, ++seed);
+      const Routing r = random_routing(q, T, 3, DType::kBF16, ++seed, rc);
+      SCOPED_TRACE("fp8 T=" + std::to_string(T) + " " + routing_case_name(rc) + " seed=" + std::to_string(seed));
+      const QuantizedReference ref = experts_reference_f64_bounded(
+          q, wq, r.hidden, r.top_k_index, r.top_k_weights, kFp8TensorCoreUnitRoundoff);
+      const Tensor out = experts_forward("deepgemm_other_layout", q, wq_gpu, on_gpu(r.hidden),
+                                         on_gpu(r.top_k_index), on_gpu(r.top_k_weights))
+                             .to(Device::cpu());
+      const double norm = l2_f64(ref.out);
+      const double bound = experts_tolerance(DType::kBF16, 272) * norm + ref.crossing_bound +
+                           ref.accumulation_bound;
+      EXPECT_LE(l2_diff(out, ref.out), bound) << "relative " << l2_diff(out, ref.out) / std::max(norm, 1e-300);
+    }
+  for (bool fp8 : {false, true}) {
+    const ExpertsSpec s = fp8 ? q : bf16_spec(8, 256, 128);
+    const ExpertsWeights w = fp8 ? wq : random_experts_weights(s, DType::kBF16, 9701);
+    for (int64_t T : {3, 200}) {
+      SCOPED_TRACE(fp8 ? "graph fp8" : "graph bf16");
+      expect_graph_replay_equals_direct("deepgemm_other_layout", s, w, T, 9702);
+    }
+  }
+}
+
+// The masked route itself: expert e's pairs at positions [e * T, e * T + count_e), sorted_pair
+// -1 everywhere else, offsets[e] = e * T and offsets[E] = the valid pairs, tiles of at most
+// tile_rows rows covering each expert's rows once; a token naming one expert twice (more than T
+// rows for it) lays the call out contiguously instead, every pair still placed once.
+TEST(CudaDeepGemm, MaskedRoutePlacement) {
+  if (mc::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const int E = 6, tile_rows = 4;
+  for (bool dup : {false, true}) {
+    const int T = dup ? 3 : 11, k = 3, P = T * k;
+    std::vector<int64_t> ids(static_cast<size_t>(P));
+    for (int t = 0; t < T; ++t)
+      for (int j = 0; j < k; ++j) ids[size_t(t * k + j)] = (t * 5 + j * (t % 2 ? 1 : 2)) % E;
+    ids[1] = -1;  // a sentinel
+    if (dup)      // expert 2 for every slot of every token: 9 rows > T = 3
+      for (auto& id : ids) id = 2;
+    const Tensor idx = Tensor::from_ints(ids, {P}, DType::kI32).to(Device::cuda());
+    const int max_tiles = int(mc::route_max_tiles(P, E, tile_rows));
+    Tensor offsets = Tensor::zeros({E + 1}, DType::kI32).to(Device::cuda());
+    Tensor sorted = Tensor::zeros({int64_t(E) * T}, DType::kI32).to(Device::cuda());
+    Tensor pos = Tensor::zeros({P}, DType::kI32).to(Device::cuda());
+    Tensor tiles = Tensor::zeros({int64_t(max_tiles) * 4}, DType::kI32).to(Device::cuda());
+    Tensor ntiles = Tensor::zeros({1}, DType::kI32).to(Device::cuda());
+    mc::launch_route_masked(idx.raw(), false, P, E, T, tile_rows, 8, offsets.data<int>(), sorted.data<int>(),
+                            pos.data<int>(), reinterpret_cast<mc::Tile*>(tiles.data<int>()), max_tiles,
+                            ntiles.data<int>(), mc::current_stream());
+    mc::synchronize();
+    const std::vector<int64_t> off = offsets.to(Device::cpu()).to_int_vector();
+    const std::vector<int64_t> sp = sorted.to(Device::cpu()).to_int_vector();
+    const std::vector<int64_t> pp = pos.to(Device::cpu()).to_int_vector();
+    const std::vector<int64_t> tl = tiles.to(Device::cpu()).to_int_vector();
+    const int nt = int(ntiles.to(Device::cpu()).to_int_vector()[0]);
+    SCOPED_TRACE(dup ? "duplicates" : "distinct");
+    std::vector<int> count(E, 0);
+    int valid = 0;
+    for (int p = 0; p < P; ++p) {
+      if (ids[size_t(p)] < 0) {
+        EXPECT_EQ(pp[size_t(p)], -1) << p;
+        continue;
+      }
+      const int e = int(ids[size_t(p)]);
+      ++count[size_t(e)];
+      ++valid;
+      ASSERT_GE(pp[size_t(p)], 0) << p;
+      EXPECT_EQ(sp[size_t(pp[size_t(p)])], p) << p;
+      if (!dup) EXPECT_EQ(pp[size_t(p)] / T, e) << "pair " << p << " outside expert " << e << "'s rows";
+    }
+    EXPECT_EQ(off[size_t(E)], valid);
+    if (dup)  // (contiguous: the valid pairs take the first positions)
+      for (int p = 0; p < P; ++p) EXPECT_LT(pp[size_t(p)], valid) << p;
+    int taken = 0;
+    for (int64_t r = 0; r < int64_t(E) * T; ++r) taken += sp[size_t(r)] >= 0;
+    EXPECT_EQ(taken, valid) << "positions no pair takes must hold -1";
+    int tile_rows_sum = 0;
+    for (int t = 0; t < nt; ++t) {
+      const int e = int(tl[size_t(4 * t)]), start = int(tl[size_t(4 * t + 1)]), rows = int(tl[size_t(4 * t + 2)]);
+      ASSERT_TRUE(e >= 0 && e < E && rows >= 1 && rows <= tile_rows) << t;
+      if (!dup) {
+        EXPECT_EQ(off[size_t(e)], e * T);
+        EXPECT_EQ(start / T, e) << t;
+        EXPECT_LE(start + rows, e * T + count[size_t(e)]) << t;
+      }
+      for (int r = start; r < start + rows; ++r) EXPECT_EQ(ids[size_t(sp[size_t(r)])], e) << r;
+      tile_rows_sum += rows;
+    }
+    EXPECT_EQ(tile_rows_sum, valid);
   }
 }
 

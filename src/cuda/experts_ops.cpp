@@ -36,6 +36,8 @@ struct Workspace {
   uint8_t* hq;  // quantized: intermediate codes [P, I] and scales [P, ceil(I/128)]
   float* hqs;
   int max_tiles;
+  int64_t rows;  // positions of the sorted buffers: P, or E * T (masked layout)
+  bool masked = false;
   size_t bytes;
 };
 
@@ -53,9 +55,11 @@ bool fp8_y_in_elem() {
 enum class Extra : unsigned char { kNone, kSortedA, kEagerProducts, kFused };
 
 // max_tiles: the route table's size for the backend (batched: one tile per pair; eager: one per
-// expert; grouped: route_max_tiles of the plan's tile rows).
-Workspace carve(const ExpertsArgs& a, int max_tiles, Extra extra, void* base) {
-  int64_t P = std::max<int64_t>(pairs_of(a), 1);
+// expert; grouped: route_max_tiles of the plan's tile rows). sorted_rows: positions of the sorted
+// buffers (P, or E * T in the masked layout; 0: P).
+Workspace carve(const ExpertsArgs& a, int max_tiles, Extra extra, void* base,
+                int64_t sorted_rows = 0) {
+  int64_t P = std::max<int64_t>({pairs_of(a), sorted_rows, 1});
   size_t es = elem_size(a.elem);
   Workspace w{};
   w.max_tiles = max_tiles;
@@ -68,7 +72,8 @@ Workspace carve(const ExpertsArgs& a, int max_tiles, Extra extra, void* base) {
   };
   w.offsets = reinterpret_cast<int*>(take(sizeof(int) * (a.experts + 1)));
   w.sorted_pair = reinterpret_cast<int*>(take(sizeof(int) * P));
-  w.pos_of_pair = reinterpret_cast<int*>(take(sizeof(int) * P));
+  w.pos_of_pair = reinterpret_cast<int*>(take(sizeof(int) * std::max<int64_t>(pairs_of(a), 1)));
+  w.rows = P;
   w.tiles = reinterpret_cast<Tile*>(take(sizeof(Tile) * w.max_tiles));
   w.num_tiles = reinterpret_cast<int*>(take(sizeof(int)));
   w.h = take(es * P * a.intermediate);
@@ -154,24 +159,26 @@ GroupedGemmArgs gemm_args(const ExpertsArgs& a, const Workspace& w, GemmKind kin
 // rounded to the element type), h quantized, the FP8 wgmma down. Positions past
 // the valid pairs (offsets[E]) are neither gathered nor quantized; their rows of a tile are
 // computed from stale codes and never stored.
-void run_quant_gemms_wgmma(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
+// (Masked layout: no row bound; free positions are the ones whose sorted_pair is -1.)
+void run_quant_gemms_wgmma(const ExpertsArgs& a, const Workspace& w, int tile_rows,
+                           cudaStream_t s) {
   GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
   GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
-  const int64_t P = pairs_of(a);
-  const int* valid = w.offsets + a.experts;
-  g1.a_rows = g2.a_rows = P;
-  launch_quantize_act_gathered(a.hidden_states, a.elem, w.sorted_pair, a.top_k, P, int(a.hidden),
+  const int64_t R = w.rows;
+  const int* valid = w.masked ? nullptr : w.offsets + a.experts;
+  g1.a_rows = g2.a_rows = R;
+  launch_quantize_act_gathered(a.hidden_states, a.elem, w.sorted_pair, a.top_k, R, int(a.hidden),
                                valid, w.xq, w.xqs, /*scales_by_block=*/true, s);
-  launch_grouped_gemm_wgmma_fp8(g1, a.gate_up_q, w.xq, w.xqs, s);
-  launch_quantize_act_gathered(w.h, a.elem, nullptr, 0, P, a.intermediate, valid, w.hq, w.hqs,
-                               /*scales_by_block=*/true, s);
-  launch_grouped_gemm_wgmma_fp8(g2, a.down_q, w.hq, w.hqs, s);
+  launch_grouped_gemm_wgmma_fp8(g1, a.gate_up_q, w.xq, w.xqs, tile_rows, s);
+  launch_quantize_act_gathered(w.h, a.elem, w.masked ? w.sorted_pair : nullptr, 0, R,
+                               a.intermediate, valid, w.hq, w.hqs, /*scales_by_block=*/true, s);
+  launch_grouped_gemm_wgmma_fp8(g2, a.down_q, w.hq, w.hqs, tile_rows, s);
 }
 
 // Quantized experts: each A operand quantized per 1 x 128 block, then the CUDA-core products.
 void run_quant_gemms(const ExpertsArgs& a, const Workspace& w, const ExpertsPlan& plan,
                      cudaStream_t s) {
-  if (plan.gemm == GemmPath::kWgmmaFp8) return run_quant_gemms_wgmma(a, w, s);
+  if (plan.gemm == GemmPath::kWgmmaFp8) return run_quant_gemms_wgmma(a, w, plan.tile_rows, s);
   const GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
   const GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
   const bool gemv = plan.gemm == GemmPath::kGemv;
@@ -192,10 +199,9 @@ void run_gemms(const ExpertsArgs& a, const Workspace& w, const ExpertsPlan& plan
   GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
   switch (plan.gemm) {
     case GemmPath::kWgmma: {
-      const int64_t P = pairs_of(a);
-      g1.a_rows = g2.a_rows = P;
-      launch_gather_sorted(a.hidden_states, w.sorted_pair, w.offsets + a.experts, a.top_k, P,
-                           int(a.hidden), a.elem, w.xs, s);
+      g1.a_rows = g2.a_rows = w.rows;
+      launch_gather_sorted(a.hidden_states, w.sorted_pair, w.masked ? nullptr : w.offsets + a.experts,
+                           a.top_k, w.rows, int(a.hidden), a.elem, w.xs, s);
       WgmmaConfig c{plan.tile_rows, plan.b_rows, plan.pingpong_gate_up};
       launch_grouped_gemm_wgmma(g1, c, s);
       c.pingpong = plan.pingpong_down;
@@ -347,11 +353,17 @@ void batched_mm_experts(const ExpertsArgs& a, const ExpertsPlan& plan, void* wor
 }
 
 namespace {
+// The masked layout's rows: E * T (T rows per expert, the most a token's distinct choices give).
+int64_t masked_rows_of(const ExpertsArgs& a) { return a.tokens; }
+
 Workspace carve_grouped(const ExpertsArgs& a, const ExpertsPlan& plan, void* base) {
-  return carve(a, int(route_max_tiles(pairs_of(a), a.experts, plan.tile_rows)),
-               plan.gemm == GemmPath::kWgmma || plan.gemm == GemmPath::kWgmmaFp8 ? Extra::kSortedA
-                                                                                  : Extra::kNone,
-               base);
+  Workspace w = carve(a, int(route_max_tiles(pairs_of(a), a.experts, plan.tile_rows)),
+                      plan.gemm == GemmPath::kWgmma || plan.gemm == GemmPath::kWgmmaFp8
+                          ? Extra::kSortedA
+                          : Extra::kNone,
+                      base, plan.masked ? int64_t(a.experts) * masked_rows_of(a) : 0);
+  w.masked = plan.masked;
+  return w;
 }
 }  // namespace
 
@@ -393,9 +405,14 @@ void grouped_mm_experts(const ExpertsArgs& a, const ExpertsPlan& plan, void* wor
   if (a.tokens <= 0) return;
   const int64_t P = pairs_of(a);
   Workspace w = carve_grouped(a, plan, workspace);
-  launch_route_by_expert(a.top_k_index, a.index_i64, P, a.experts, plan.tile_rows,
-                         plan.raster_tiles, w.offsets, w.sorted_pair, w.pos_of_pair, w.tiles,
-                         w.max_tiles, w.num_tiles, s);
+  if (plan.masked)
+    launch_route_masked(a.top_k_index, a.index_i64, P, a.experts, int(masked_rows_of(a)),
+                        plan.tile_rows, plan.raster_tiles, w.offsets, w.sorted_pair, w.pos_of_pair,
+                        w.tiles, w.max_tiles, w.num_tiles, s);
+  else
+    launch_route_by_expert(a.top_k_index, a.index_i64, P, a.experts, plan.tile_rows,
+                           plan.raster_tiles, w.offsets, w.sorted_pair, w.pos_of_pair, w.tiles,
+                           w.max_tiles, w.num_tiles, s);
   run_gemms(a, w, plan, s);
   run_combine(a, w, s);
 }

@@ -28,7 +28,8 @@ std::string ExpertsPlan::describe() const {
     case GemmPath::kGemv: return "GEMV per pair (CUDA cores, weights streamed in 16-byte loads)";
     case GemmPath::kWgmmaFp8:
       return "TMA + wgmma FP8 e4m3 (sm_90a) tiles of " + rows +
-             " rows, block scales applied per 128-wide K block";
+             " rows, block scales applied per 128-wide K block" +
+             std::string(masked ? ", masked layout" : "");
     case GemmPath::kWgmma: break;
   }
   if (fused)
@@ -38,6 +39,7 @@ std::string ExpertsPlan::describe() const {
   if (cluster_pairs())
     return "TMA + wgmma (sm_90a) tiles of 128 rows in 2-CTA clusters sharing each weight tile";
   std::string s = "TMA + wgmma (sm_90a) tiles of " + rows + " rows";
+  if (masked) s += ", masked layout";
   if (b_rows != 256) s += ", " + std::to_string(b_rows) + " weight rows per stage";
   if (tile_rows == 128 && pingpong_gate_up && pingpong_down)
     s += ", both GEMMs on ping-pong warpgroups";
@@ -102,6 +104,14 @@ ExpertsPlan simt_plan() {
 // DeepSeek-V3 T = 256 on the H200). batched_mm's tiles hold one pair each, at every T: the GEMV
 // computes that row alone, where a 32-row tile would compute 31 rows of padding (measured on the
 // H200 with 32 DeepSeek-sized experts, T = 4096: seconds per call).
+// Rows of the FP8 wgmma kernel's tiles: 64 (one consumer warpgroup) while experts average at
+// most 48 rows, as the bf16 kernel's plans, else 128. A 128-row tile of a decode-sized call
+// multiplies mostly padding and loads twice the A rows per weight stage.
+int fp8_tile_rows(const ExpertsShape& s) {
+  const int64_t active = std::max<int64_t>(1, std::min<int64_t>(s.experts, s.pairs));
+  return s.pairs / active <= 48 ? 64 : 128;
+}
+
 ExpertsPlan quant_plan(const ExpertsShape& s, const DeviceTraits& d, bool per_pair) {
   ExpertsPlan p = simt_plan();
   if (per_pair) p.raster_tiles = 1;
@@ -111,9 +121,9 @@ ExpertsPlan quant_plan(const ExpertsShape& s, const DeviceTraits& d, bool per_pa
     p.raster_tiles = per_pair ? 1 : 64;
   } else if (!per_pair && wgmma_fp8_applies(s, d)) {
     p.gemm = GemmPath::kWgmmaFp8;
-    p.tile_rows = 128;
+    p.tile_rows = fp8_tile_rows(s);
     p.b_rows = 128;
-    p.raster_tiles = 8;
+    p.raster_tiles = 1024 / p.tile_rows;
   }
   return p;
 }
@@ -198,14 +208,16 @@ ExpertsPlan plan_deepgemm(const ExpertsShape& s, const DeviceTraits& d) {
     throw InvalidInput("deepgemm: the hidden states and the expert weights must start on 16-byte "
                        "boundaries (TMA); use grouped_mm for unaligned views");
   ExpertsPlan p;
-  p.tile_rows = 128;
-  p.raster_tiles = 8;
   if (s.quantized) {
     p.gemm = GemmPath::kWgmmaFp8;
+    p.tile_rows = fp8_tile_rows(s);
     p.b_rows = 128;
+    p.raster_tiles = 1024 / p.tile_rows;
   } else {
     p = hopper_tiles_plan(s);
   }
+  // (E * T >= P: the masked table can hold a contiguous fallback, see launch_route_masked.)
+  p.masked = s.tokens <= kDeepGemmMaskedMaxTokens && int64_t(s.experts) * s.tokens >= s.pairs;
   check_plan(p, s, d);
   return p;
 }
@@ -222,6 +234,12 @@ ExpertsPlan plan_sonicmoe(const ExpertsShape& s, const DeviceTraits& d) {
 
 void check_plan(const ExpertsPlan& p, const ExpertsShape& s, const DeviceTraits& d) {
   auto fail = [](const std::string& why) { throw InvalidInput("experts plan: " + why); };
+  if (p.masked && ((p.gemm != GemmPath::kWgmma && p.gemm != GemmPath::kWgmmaFp8) || p.fused ||
+                   p.cluster_pairs()))
+    fail("the masked layout runs the single-CTA wgmma kernels (bf16 / f16 or FP8), not the fused "
+         "path");
+  if (p.masked && int64_t(s.experts) * s.tokens < s.pairs)
+    fail("the masked layout needs E * T >= T * k (as many experts as slots per token)");
   if (p.fused) {
     if (p.gemm != GemmPath::kWgmma || s.quantized || !s.gated)
       fail("the fused path runs gated bf16 / f16 experts on the wgmma kernel");
@@ -234,8 +252,8 @@ void check_plan(const ExpertsPlan& p, const ExpertsShape& s, const DeviceTraits&
   if (p.gemm == GemmPath::kWgmmaFp8) {
     if (const std::string why = wgmma_fp8_unsupported(s, d); !why.empty())
       fail("the FP8 wgmma path " + why);
-    if (p.tile_rows != 128 || p.b_rows != 128)
-      fail("the FP8 wgmma path runs tiles of 128 rows and stages of 128 weight rows");
+    if ((p.tile_rows != 64 && p.tile_rows != 128) || p.b_rows != 128)
+      fail("the FP8 wgmma path runs tiles of 64 or 128 rows and stages of 128 weight rows");
     if (p.pingpong_gate_up || p.pingpong_down)
       fail("the FP8 wgmma path runs cooperative warpgroups (no ping-pong)");
   }

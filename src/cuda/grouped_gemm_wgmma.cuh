@@ -586,14 +586,15 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
   }
 }
 
-// Gathers the hidden row of every valid sorted position (positions >= offsets[E] are unused and
-// skipped) into a contiguous [P, cols] matrix, 16 bytes per thread step.
+// Gathers the hidden row of every valid sorted position into a contiguous [rows, cols] matrix,
+// 16 bytes per thread step. Valid: r < *valid (the contiguous layout: positions >= offsets[E]
+// are unused), or with valid null sorted_pair[r] >= 0 (the masked layout).
 template <class T>
 __global__ void gather_sorted_kernel(const T* __restrict__ src, const int* __restrict__ sorted_pair,
                                      const int* __restrict__ valid, int top_k, int cols,
                                      T* __restrict__ dst) {
   const int64_t r = blockIdx.x;
-  if (r >= *valid) return;
+  if (valid ? r >= *valid : sorted_pair[r] < 0) return;
   const int64_t token = sorted_pair[r] / top_k;
   const uint4* s = reinterpret_cast<const uint4*>(src + token * cols);
   uint4* d = reinterpret_cast<uint4*>(dst + r * cols);

@@ -1,6 +1,7 @@
 // Launchers of the routing, elementwise and SIMT GEMM kernels, and the element-type dispatch of
 // the tensor-core GEMM (its instantiations live in grouped_gemm_mma_{bf16,f16}.cu).
 #include <algorithm>
+#include <cstdint>
 
 #include "cuda/elementwise.cuh"
 #include "cuda/grouped_gemm_simt.cuh"
@@ -26,28 +27,43 @@ int64_t route_max_tiles(int64_t pairs, int64_t experts, int tile_rows) {
   return std::max<int64_t>(1, std::min<int64_t>(pairs, pairs / tile_rows + std::min(experts, pairs)));
 }
 
+namespace {
+void launch_route(const void* idx, bool index_i64, int64_t pairs, int experts, int tile_rows,
+                  int raster_tiles, int masked_rows, int* offsets, int* sorted_pair,
+                  int* pos_of_pair, Tile* tiles, int max_tiles, int* num_tiles,
+                  cudaStream_t stream) {
+  raster_tiles = std::clamp(raster_tiles, 1, 0xffff);
+  const size_t smem = size_t(3) * experts * sizeof(int);
+  auto launch = [&](auto kernel, auto* index) {
+    if (smem > 48 * 1024)
+      MOEX_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    launch_pdl_here(kernel, dim3(1), dim3(kRouteThreads), smem, stream, index, pairs, experts,
+                    tile_rows, raster_tiles, masked_rows, offsets, sorted_pair, pos_of_pair,
+                    tiles, max_tiles, num_tiles);
+  };
+  if (index_i64) launch(route_by_expert_kernel<int64_t>, static_cast<const int64_t*>(idx));
+  else launch(route_by_expert_kernel<int32_t>, static_cast<const int32_t*>(idx));
+  MOEX_CUDA_CHECK_LAUNCH(route_by_expert_kernel);
+}
+}  // namespace
+
 void launch_route_by_expert(const void* idx, bool index_i64, int64_t pairs, int experts,
                             int tile_rows, int raster_tiles, int* offsets, int* sorted_pair,
                             int* pos_of_pair, Tile* tiles, int max_tiles, int* num_tiles,
                             cudaStream_t stream) {
-  raster_tiles = std::clamp(raster_tiles, 1, 0xffff);
-  size_t smem = size_t(2) * experts * sizeof(int);
-  if (index_i64) {
-    auto k = route_by_expert_kernel<int64_t>;
-    if (smem > 48 * 1024)
-      MOEX_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    launch_pdl_here(k, dim3(1), dim3(kRouteThreads), smem, stream, static_cast<const int64_t*>(idx), pairs, experts,
-                                          tile_rows, raster_tiles, offsets, sorted_pair,
-                                          pos_of_pair, tiles, max_tiles, num_tiles);
-  } else {
-    auto k = route_by_expert_kernel<int32_t>;
-    if (smem > 48 * 1024)
-      MOEX_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    launch_pdl_here(k, dim3(1), dim3(kRouteThreads), smem, stream, static_cast<const int32_t*>(idx), pairs, experts,
-                                          tile_rows, raster_tiles, offsets, sorted_pair,
-                                          pos_of_pair, tiles, max_tiles, num_tiles);
-  }
-  MOEX_CUDA_CHECK_LAUNCH(route_by_expert_kernel);
+  launch_route(idx, index_i64, pairs, experts, tile_rows, raster_tiles, 0, offsets, sorted_pair,
+               pos_of_pair, tiles, max_tiles, num_tiles, stream);
+}
+
+void launch_route_masked(const void* idx, bool index_i64, int64_t pairs, int experts,
+                         int masked_rows, int tile_rows, int raster_tiles, int* offsets,
+                         int* sorted_pair, int* pos_of_pair, Tile* tiles, int max_tiles,
+                         int* num_tiles, cudaStream_t stream) {
+  if (masked_rows <= 0 || int64_t(experts) * masked_rows > int64_t(INT32_MAX))
+    throw Error("launch_route_masked: masked_rows must be positive and E * masked_rows fit an int");
+  launch_route(idx, index_i64, pairs, experts, tile_rows, raster_tiles, masked_rows, offsets,
+               sorted_pair, pos_of_pair, tiles, max_tiles, num_tiles, stream);
 }
 
 // ---------------------------------------------------------------- grouped GEMMs

@@ -42,6 +42,17 @@ void launch_route_by_expert(const void* top_k_index, bool index_i64, int64_t pai
                             int tile_rows, int raster_tiles, int* offsets, int* sorted_pair,
                             int* pos_of_pair, Tile* tiles, int max_tiles, int* num_tiles,
                             cudaStream_t stream);
+// The same in DeepGEMM's masked layout ([E, masked_rows, .] with per-expert counts): expert e's
+// pairs at sorted positions [e * masked_rows, e * masked_rows + count_e), offsets[e] =
+// e * masked_rows, offsets[E] = valid pairs, sorted_pair [E * masked_rows] = -1 at every
+// position no pair takes (readers skip those rows; offsets[E] bounds nothing here). With
+// masked_rows = T an expert exceeds it only when a token names it twice; such a call is laid
+// out contiguously in the same table (needs E * masked_rows >= P) with the same tiles. Same
+// tiles as the contiguous layout otherwise (positions moved), so every tile-reading GEMM runs it.
+void launch_route_masked(const void* top_k_index, bool index_i64, int64_t pairs, int experts,
+                         int masked_rows, int tile_rows, int raster_tiles, int* offsets,
+                         int* sorted_pair, int* pos_of_pair, Tile* tiles, int max_tiles,
+                         int* num_tiles, cudaStream_t stream);
 
 // ---- grouped GEMMs ----
 // kind kGateUp: A row r = hidden[sorted_pair[r] / top_k], B = gate_up rows of the tile's expert;
@@ -115,10 +126,12 @@ void launch_grouped_gemm_simt(const GroupedGemmArgs& a, cudaStream_t stream);
 // r < *valid_rows (all rows when null).
 void launch_quantize_act(const void* x, Elem elem, int64_t rows, int K, const int* valid_rows,
                          uint8_t* q, float* s, cudaStream_t stream);
-// The same for row r read from x[sorted_pair[r] / top_k] when sorted_pair is given (the gather
-// into sorted order fused into the quantizer), and with scales_by_block the scales stored
-// s[b, r] ([ceil(K/128), rows], the FP8 wgmma kernel's layout). Either needs 16-bit x, K a
-// multiple of 8 and 16-byte aligned rows; without both it is launch_quantize_act.
+// The same for row r read from x[sorted_pair[r] / top_k] when sorted_pair is given and top_k > 0
+// (the gather into sorted order fused into the quantizer), and with scales_by_block the scales
+// stored s[b, r] ([ceil(K/128), rows], the FP8 wgmma kernel's layout). With valid_rows null,
+// rows whose sorted_pair[r] < 0 are skipped (the masked layout's free positions; top_k = 0
+// reads row r in place). Either needs 16-bit x, K a multiple of 8 and 16-byte aligned rows;
+// without both it is launch_quantize_act.
 void launch_quantize_act_gathered(const void* x, Elem elem, const int* sorted_pair, int top_k,
                                   int64_t rows, int K, const int* valid_rows, uint8_t* q, float* s,
                                   bool scales_by_block, cudaStream_t stream);
@@ -141,10 +154,10 @@ void launch_grouped_gemm_quant(const GroupedGemmArgs& a, const QuantWeightArgs& 
 // codes and as_by_block [ceil(K/128), a.a_rows] scales of the rows in sorted order (gate_up too;
 // launch_quantize_act_gathered with scales_by_block writes both). Needs a
 // compute capability 9.0 device, FP8 weights (not FP4), bf16 / f16 elem, gated concatenated
-// gate_up (or down), K a multiple of 16, 16-byte aligned weights and 128-row route tiles
-// (wgmma_fp8_applies in experts_plan.hpp).
+// gate_up (or down), K a multiple of 16, 16-byte aligned weights (wgmma_fp8_applies in
+// experts_plan.hpp); tile_rows (64 or 128) must be the route tiles' rows.
 void launch_grouped_gemm_wgmma_fp8(const GroupedGemmArgs& a, const QuantWeightArgs& w,
-                                   const uint8_t* aq, const float* as_by_block,
+                                   const uint8_t* aq, const float* as_by_block, int tile_rows,
                                    cudaStream_t stream);
 // The same for tiles of one or a few rows (decode): 16-byte weight loads, K a multiple of 16
 // (FP8) / 32 (FP4), 16-byte aligned weights. max_tile_rows: the most rows a tile can hold (1
@@ -173,7 +186,8 @@ void launch_combine(const void* y, bool y_elem, const int* pos_of_pair, const vo
 void launch_gather(const void* src, const int* sorted_pair, int top_k, int64_t rows, int cols,
                    Elem elem, void* dst, cudaStream_t stream);
 // dst[r, :] = src[sorted_pair[r] / top_k, :] for r < *valid (a device count, e.g. offsets[E]),
-// over a grid of `rows` (an upper bound): the graph-capturable gather of the wgmma path.
+// or, valid null (the masked layout), for every r with sorted_pair[r] >= 0, over a grid of
+// `rows` (an upper bound): the graph-capturable gather of the wgmma path.
 void launch_gather_sorted(const void* src, const int* sorted_pair, const int* valid, int top_k,
                           int64_t rows, int cols, Elem elem, void* dst, cudaStream_t stream);
 // h[r, i] = act(gate, up) of the fp32 gate_up product gu [rows, R] (R = 2I gated, I ungated).

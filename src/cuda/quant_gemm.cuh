@@ -89,7 +89,9 @@ __global__ void __launch_bounds__(256) quantize_act_kernel(const T* __restrict__
 
 // The same quantizer, vectorised: one CTA per row, each half-warp one 128-wide block at a time
 // (16 bytes of x per lane, amax over the half-warp by shuffles, 8 codes per lane). The codes
-// and scales are bit for bit those of quantize_act_kernel (same per-element math). With sorted_pair the row r
+// and scales are bit for bit those of quantize_act_kernel (same per-element math). Rows r >=
+// *valid_rows are skipped, or with valid_rows null those with sorted_pair[r] < 0 (the masked
+// layout's free positions). With sorted_pair and top_k > 0 the row r
 // is read from x[sorted_pair[r] / top_k] (the FP8 wgmma path's gather fused into the quantizer:
 // the gathered bf16 copy [P, K] is neither written nor read back); with by_block the scales are
 // stored s[b, r] ([nb, rows], rows = the grid). Needs K % 8 == 0 and 16-byte aligned rows
@@ -105,8 +107,8 @@ __global__ void __launch_bounds__(kQuantRowThreads) quantize_rows_kernel(
     int top_k, uint8_t* __restrict__ q, float* __restrict__ s, bool by_block) {
   static_assert(sizeof(T) == 2, "16-bit activations");
   const int64_t r = blockIdx.x;
-  if (valid_rows && r >= *valid_rows) return;
-  const int64_t src = sorted_pair ? int64_t(sorted_pair[r] / top_k) : r;
+  if (valid_rows ? r >= *valid_rows : sorted_pair && sorted_pair[r] < 0) return;
+  const int64_t src = sorted_pair && top_k > 0 ? int64_t(sorted_pair[r] / top_k) : r;
   const int nb = (K + kQuantBlockK - 1) / kQuantBlockK;
   const int half = threadIdx.x / 16, l = threadIdx.x % 16;
   constexpr int kHalves = kQuantRowThreads / 16;

@@ -25,27 +25,45 @@ __device__ __forceinline__ int load_expert(const Index* idx, int64_t p, int expe
   return (id >= 0 && id < experts) ? int(id) : -1;
 }
 
+// Masked layout (masked_rows > 0, DeepGEMM's [E, max_m, .] with per-expert counts): expert e's
+// rows are positions [e * masked_rows, e * masked_rows + count_e), every other position of the
+// [E * masked_rows] table holds sorted_pair = -1, and offsets[e] = e * masked_rows (offsets[E]
+// is still the number of valid pairs). Each expert's place depends on no other expert's count,
+// which is what lets an expert-parallel dispatch or a fixed decode buffer write rows in place.
+// A token that names one expert twice can give it more than masked_rows (= T) rows; such a call
+// is laid out contiguously in the same table instead (E * T >= P whenever E >= k), with the
+// same tiles and results, never dropped.
 template <class Index>
 __global__ void __launch_bounds__(kRouteThreads)
     route_by_expert_kernel(const Index* __restrict__ idx, int64_t pairs, int experts,
-                           int tile_rows, int raster_tiles, int* __restrict__ offsets,
-                           int* __restrict__ sorted_pair, int* __restrict__ pos_of_pair,
-                           Tile* __restrict__ tiles, int max_tiles, int* __restrict__ num_tiles) {
+                           int tile_rows, int raster_tiles, int masked_rows,
+                           int* __restrict__ offsets, int* __restrict__ sorted_pair,
+                           int* __restrict__ pos_of_pair, Tile* __restrict__ tiles,
+                           int max_tiles, int* __restrict__ num_tiles) {
   pdl_enter();
   extern __shared__ int smem[];
   int* cursor = smem;             // [E]: counts, then running write positions
   int* tile_first = smem + experts;  // [E]: first tile of each expert
+  int* count = smem + 2 * experts;   // [E]: pairs of each expert
   using Scan = cub::BlockScan<int, kRouteThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ int carry[2];
+  __shared__ int masked;  // 1: the masked placement (no expert over masked_rows)
   const int tid = threadIdx.x;
 
   for (int e = tid; e < experts; e += kRouteThreads) cursor[e] = 0;
+  if (tid == 0) masked = masked_rows > 0;
+  if (masked_rows > 0)  // (rows no pair takes stay -1; the scatter below comes after a barrier)
+    for (int64_t r = tid; r < int64_t(experts) * masked_rows; r += kRouteThreads) sorted_pair[r] = -1;
   __syncthreads();
   for (int64_t p = tid; p < pairs; p += kRouteThreads) {
     int e = load_expert(idx, p, experts);
     if (e >= 0) atomicAdd(&cursor[e], 1);
   }
+  __syncthreads();
+  if (masked_rows > 0)
+    for (int e = tid; e < experts; e += kRouteThreads)
+      if (cursor[e] > masked_rows) masked = 0;
   __syncthreads();
 
   // Exclusive scans of counts and of tiles per expert, in chunks of kRouteThreads experts.
@@ -62,8 +80,10 @@ __global__ void __launch_bounds__(kRouteThreads)
     int c0 = carry[0], t0 = carry[1];
     __syncthreads();
     if (e < experts) {
-      offsets[e] = c0 + c_ex;
-      cursor[e] = c0 + c_ex;
+      const int start = masked ? e * masked_rows : c0 + c_ex;
+      count[e] = c;
+      offsets[e] = start;
+      cursor[e] = start;
       tile_first[e] = t0 + nt_ex;
     }
     if (tid == 0) {
@@ -78,7 +98,7 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
 
   __syncthreads();
-  // Each expert's tile list, from its start and its count (count = next start - start), cut
+  // Each expert's tile list, from its start and its count, cut
   // into G = max(1, round(n / raster_tiles)) raster groups whose sizes differ by at most one
   // (the first n % G have one tile more), so between raster_tiles / 2 and 1.5 raster_tiles
   // tiles (an expert of 9 tiles stays one group: two of 5 and 4 would put twice as many weight
@@ -87,8 +107,7 @@ __global__ void __launch_bounds__(kRouteThreads)
   for (int e = tid; e < experts; e += kRouteThreads) {
     int start = cursor[e];
     int t = tile_first[e];
-    // cursor[e+1] may belong to another thread but was written before the last barrier.
-    int count_e = (e + 1 < experts ? cursor[e + 1] : carry[0]) - start;
+    const int count_e = count[e];
     const int n = (count_e + tile_rows - 1) / tile_rows;
     const int groups = max(1, (n + raster_tiles / 2) / raster_tiles);
     const int q = n / groups, big = n % groups;  // sizes: q + 1 (the first `big`), then q

@@ -1,0 +1,88 @@
+// Experts backends that run grouped_mm's / deepgemm's kernels on a plan the policy does not pick,
+// so `moex bench experts` times the policy's choice and its alternative in one run, each checked
+// against the float64 reference like every backend (the plan fields are the library's; only the
+// choice differs). Loaded as a plugin:
+//
+//   g++ -std=c++20 -O2 -shared -fPIC -Iinclude -Isrc -I/usr/local/cuda/include \
+//       lab/cuda/experts_plan_variants.cpp -Lbuild -lmoex -Wl,-rpath,$PWD/build \
+//       -o build/libexperts_plan_variants.so
+//   build/moex --plugin build/libexperts_plan_variants.so bench experts --device cuda \
+//       --experts 32 --top-k 8 --hidden 7168 --intermediate 2048 --dtype fp8 \
+//       --backends deepgemm,deepgemm_contiguous,deepgemm_tiles128 --tokens 1,16,64 --graph on
+//
+// Backends: deepgemm_contiguous / deepgemm_masked (the layout forced, tiles as the policy's),
+// deepgemm_tiles128 and grouped_mm_tiles128 (128-row tiles where the policy takes 64; layout as
+// the policy's).
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "cuda/experts_backend.hpp"
+#include "cuda/experts_ops.hpp"
+#include "moex/experts.hpp"
+
+namespace {
+
+using namespace moex::cuda;
+
+class PlanVariant final : public CudaExpertsBackend {
+ public:
+  using Planner = std::function<ExpertsPlan(const ExpertsShape&, const DeviceTraits&)>;
+  PlanVariant(std::string what, Planner planner) : what_(std::move(what)), planner_(planner) {}
+
+ protected:
+  std::string description() const override { return what_; }
+  ExpertsPlan plan(const ExpertsArgs& a, const DeviceTraits& d) const override {
+    const ExpertsShape s = shape_of(a);
+    ExpertsPlan p = planner_(s, d);
+    check_plan(p, s, d);
+    return p;
+  }
+  size_t workspace_bytes(const ExpertsArgs& a, const ExpertsPlan& p) const override {
+    return grouped_mm_workspace_bytes(a, p);
+  }
+  void run(const ExpertsArgs& a, const ExpertsPlan& p, void* ws, cudaStream_t s) const override {
+    grouped_mm_experts(a, p, ws, s);
+  }
+
+ private:
+  std::string what_;
+  Planner planner_;
+};
+
+bool masked_fits(const ExpertsShape& s) { return int64_t(s.experts) * s.tokens >= s.pairs; }
+
+// 128-row tiles where a plan has 64 (raster groups of ~1024 rows, as the policy sets them).
+ExpertsPlan tiles128(ExpertsPlan p) {
+  if ((p.gemm == GemmPath::kWgmma || p.gemm == GemmPath::kWgmmaFp8) && p.tile_rows == 64) {
+    p.tile_rows = 128;
+    p.raster_tiles = 8;
+  }
+  return p;
+}
+
+void register_all() {
+  auto reg = [](const char* name, const char* what, PlanVariant::Planner f) {
+    moex::register_experts_backend(name, std::make_shared<PlanVariant>(what, std::move(f)));
+  };
+  reg("deepgemm_contiguous", "deepgemm, contiguous layout at every size (lab)",
+      [](const ExpertsShape& s, const DeviceTraits& d) {
+        ExpertsPlan p = plan_deepgemm(s, d);
+        p.masked = false;
+        return p;
+      });
+  reg("deepgemm_masked", "deepgemm, masked layout at every size where it fits (lab)",
+      [](const ExpertsShape& s, const DeviceTraits& d) {
+        ExpertsPlan p = plan_deepgemm(s, d);
+        p.masked = masked_fits(s);
+        return p;
+      });
+  reg("deepgemm_tiles128", "deepgemm, 128-row tiles at every size (lab)",
+      [](const ExpertsShape& s, const DeviceTraits& d) { return tiles128(plan_deepgemm(s, d)); });
+  reg("grouped_mm_tiles128", "grouped_mm, 128-row wgmma tiles where it takes 64 (lab)",
+      [](const ExpertsShape& s, const DeviceTraits& d) { return tiles128(plan_grouped_mm(s, d)); });
+}
+
+const bool registered = (register_all(), true);
+
+}  // namespace
