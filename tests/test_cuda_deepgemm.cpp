@@ -69,7 +69,8 @@ mc::ExpertsShape shape(bool fp8, int64_t T, int64_t k, int E, int H, int I) {
 }
 
 // The plan is the Hopper kernels at every size (no GEMV, no mma.sync, no SIMT under this name):
-// 64-row tiles while experts average at most 48 rows, the masked layout up to 64 tokens.
+// bf16 on 64-row tiles while experts average at most 48 rows, FP8 on 128-row tiles, the
+// contiguous layout at every size (the masked one is set by tests, see DeepGemmMaskedLayout).
 TEST(CudaDeepGemmPlan, HopperKernelsAtEverySize) {
   const mc::DeviceTraits h100{9, 0, 132};
   for (int64_t T : {1, 4, 16, 17, 64, 65, 256, 8192}) {
@@ -77,19 +78,18 @@ TEST(CudaDeepGemmPlan, HopperKernelsAtEverySize) {
     const mc::ExpertsPlan bf16 = mc::plan_deepgemm(shape(false, T, 8, 256, 7168, 2048), h100);
     EXPECT_EQ(bf16.gemm, mc::GemmPath::kWgmma) << T;
     EXPECT_EQ(bf16.tile_rows, rows_per_expert <= 48 ? 64 : 128) << T;
-    EXPECT_EQ(bf16.masked, T <= 64) << T;
-    const mc::ExpertsPlan fp8 = mc::plan_deepgemm(shape(true, T, 8, 256, 7168, 2048), h100);
+    EXPECT_FALSE(bf16.masked) << T;
+    mc::ExpertsPlan fp8 = mc::plan_deepgemm(shape(true, T, 8, 256, 7168, 2048), h100);
     EXPECT_EQ(fp8.gemm, mc::GemmPath::kWgmmaFp8) << T;
-    EXPECT_EQ(fp8.tile_rows, rows_per_expert <= 48 ? 64 : 128) << T;
-    EXPECT_EQ(fp8.masked, T <= 64) << T;
-    if (fp8.masked) {
-      EXPECT_NE(fp8.describe().find("masked layout"), std::string::npos) << fp8.describe();
-    }
+    EXPECT_EQ(fp8.tile_rows, 128) << T;
+    EXPECT_FALSE(fp8.masked) << T;
+    fp8.masked = true;  // (E * T >= P: accepted)
+    EXPECT_NO_THROW(mc::check_plan(fp8, shape(true, T, 8, 256, 7168, 2048), h100)) << T;
+    EXPECT_NE(fp8.describe().find("masked layout"), std::string::npos) << fp8.describe();
   }
   // The masked table must hold a contiguous fallback (E * T >= P): not with fewer experts than
   // slots per token, where the contiguous layout runs; a plan forcing it is refused.
   const mc::ExpertsShape few = shape(false, 4, 8, 4, 256, 128);
-  EXPECT_FALSE(mc::plan_deepgemm(few, h100).masked);
   mc::ExpertsPlan forced = mc::plan_deepgemm(few, h100);
   forced.masked = true;
   EXPECT_THROW(mc::check_plan(forced, few, h100), InvalidInput);
@@ -176,15 +176,15 @@ TEST(CudaDeepGemm, GraphReplayEqualsDirectLaunches) {
   }
 }
 
-// deepgemm with the other layout than its policy picks (masked above 64 tokens, contiguous at or
-// below), so both layouts run at every size in the tests.
-class DeepGemmOtherLayout final : public mc::CudaExpertsBackend {
+// deepgemm on the masked layout (the policy's plan runs the contiguous one), wherever the table
+// can hold the call (E * T >= P), so both layouts run at every size in the tests.
+class DeepGemmMaskedLayout final : public mc::CudaExpertsBackend {
  protected:
-  std::string description() const override { return "deepgemm, the other layout (tests)"; }
+  std::string description() const override { return "deepgemm on the masked layout (tests)"; }
   mc::ExpertsPlan plan(const mc::ExpertsArgs& a, const mc::DeviceTraits& d) const override {
     const mc::ExpertsShape s = mc::shape_of(a);
     mc::ExpertsPlan p = mc::plan_deepgemm(s, d);
-    if (int64_t(s.experts) * s.tokens >= s.pairs) p.masked = !p.masked;
+    p.masked = int64_t(s.experts) * s.tokens >= s.pairs;
     mc::check_plan(p, s, d);
     return p;
   }
@@ -195,11 +195,12 @@ class DeepGemmOtherLayout final : public mc::CudaExpertsBackend {
     mc::grouped_mm_experts(a, p, ws, st);
   }
 };
-MOEX_REGISTER_EXPERTS_BACKEND("deepgemm_other_layout", DeepGemmOtherLayout);
+MOEX_REGISTER_EXPERTS_BACKEND("deepgemm_masked_layout", DeepGemmMaskedLayout);
 
-// Both layouts at sizes on either side of the policy's switch, bf16 and FP8, every routing case
-// (duplicates: a token naming one expert twice, which the masked layout lays out contiguously).
-TEST(CudaDeepGemm, BothLayoutsAgainstReference) {
+// The masked layout against the references (the contiguous one: the tests above), bf16 and
+// FP8, every routing case (duplicates: a token naming one expert twice, which the masked layout
+// lays out contiguously), and its graph replays.
+TEST(CudaDeepGemm, MaskedLayoutAgainstReference) {
   SKIP_WITHOUT_HOPPER();
   uint64_t seed = 9700;
   const ExpertsSpec bf = bf16_spec(9, 136, 72);
@@ -209,12 +210,12 @@ TEST(CudaDeepGemm, BothLayoutsAgainstReference) {
   for (int64_t T : {1, 7, 64, 65, 300})
     for (RoutingCase rc : {RoutingCase::kRandom, RoutingCase::kEmptyExperts, RoutingCase::kDuplicates,
                            RoutingCase::kSentinels}) {
-      check_experts_case(Device::cuda(), "deepgemm_other_layout", bf, DType::kBF16, T, 3, rc, ++seed);
+      check_experts_case(Device::cuda(), "deepgemm_masked_layout", bf, DType::kBF16, T, 3, rc, ++seed);
       const Routing r = random_routing(q, T, 3, DType::kBF16, ++seed, rc);
       SCOPED_TRACE("fp8 T=" + std::to_string(T) + " " + routing_case_name(rc) + " seed=" + std::to_string(seed));
       const QuantizedReference ref = experts_reference_f64_bounded(
           q, wq, r.hidden, r.top_k_index, r.top_k_weights, kFp8TensorCoreUnitRoundoff);
-      const Tensor out = experts_forward("deepgemm_other_layout", q, wq_gpu, on_gpu(r.hidden),
+      const Tensor out = experts_forward("deepgemm_masked_layout", q, wq_gpu, on_gpu(r.hidden),
                                          on_gpu(r.top_k_index), on_gpu(r.top_k_weights))
                              .to(Device::cpu());
       const double norm = l2_f64(ref.out);
@@ -227,7 +228,7 @@ TEST(CudaDeepGemm, BothLayoutsAgainstReference) {
     const ExpertsWeights w = fp8 ? wq : random_experts_weights(s, DType::kBF16, 9701);
     for (int64_t T : {3, 200}) {
       SCOPED_TRACE(fp8 ? "graph fp8" : "graph bf16");
-      expect_graph_replay_equals_direct("deepgemm_other_layout", s, w, T, 9702);
+      expect_graph_replay_equals_direct("deepgemm_masked_layout", s, w, T, 9702);
     }
   }
 }

@@ -147,9 +147,8 @@ TEST(CudaPlan, QuantizedExpertsRunTheCudaCoreKernels) {
   }
 }
 
-// FP8 experts above the GEMV's token range on Hopper: the FP8 wgmma kernel (64-row tiles while
-// experts average at most 48 rows, else 128-row tiles of two cooperative warpgroups; 128 weight
-// rows per stage); not for FP4, float32 activations, H or I not multiples
+// FP8 experts above the GEMV's token range on Hopper: the FP8 wgmma kernel (128-row tiles,
+// 128 weight rows per stage, cooperative); not for FP4, float32 activations, H or I not multiples
 // of 16, ungated or interleaved layouts, misaligned tensors, other GPUs, or batched_mm.
 TEST(CudaPlan, QuantizedFp8OnHopperTensorCores) {
   auto fp8 = [](int64_t T) {
@@ -160,14 +159,13 @@ TEST(CudaPlan, QuantizedFp8OnHopperTensorCores) {
   for (int64_t T : {17, 256, 4096, 16384}) {
     const ExpertsPlan p = plan_grouped_mm(fp8(T), kH200);
     EXPECT_EQ(p.gemm, GemmPath::kWgmmaFp8) << T;
-    const int rows = T * 8 / std::min<int64_t>(256, T * 8) <= 48 ? 64 : 128;  // (T 17, 256: 64)
-    EXPECT_EQ(p.tile_rows, rows) << T;
+    EXPECT_EQ(p.tile_rows, 128);
     EXPECT_EQ(p.b_rows, 128);
-    EXPECT_FALSE(p.pingpong_gate_up || p.pingpong_down || p.cluster_pairs() || p.masked);
-    EXPECT_EQ(p.raster_tiles, 1024 / rows);
+    EXPECT_FALSE(p.pingpong_gate_up || p.pingpong_down || p.cluster_pairs());
+    EXPECT_EQ(p.raster_tiles, 8);
     EXPECT_NO_THROW(check_plan(p, fp8(T), kH200));
-    EXPECT_EQ(p.describe(), "TMA + wgmma FP8 e4m3 (sm_90a) tiles of " + std::to_string(rows) +
-                                " rows, block scales applied per 128-wide K block");
+    EXPECT_EQ(p.describe(), "TMA + wgmma FP8 e4m3 (sm_90a) tiles of 128 rows, block scales "
+                            "applied per 128-wide K block");
     EXPECT_EQ(plan_batched_mm(fp8(T), kH200).gemm, GemmPath::kGemv) << T;
     EXPECT_EQ(plan_grouped_mm(fp8(T), kA100).gemm, GemmPath::kSimt) << T;
   }
@@ -209,7 +207,7 @@ TEST(CudaPlan, QuantizedFp8OnHopperTensorCores) {
   // Off Hopper, on a bf16 shape, or with an edited configuration, check_plan refuses it.
   EXPECT_THROW(check_plan(forced, fp8(4096), kA100), moex::InvalidInput);
   EXPECT_THROW(check_plan(forced, qwen(4096), kH200), moex::InvalidInput);
-  for (auto edit : {+[](ExpertsPlan& p) { p.tile_rows = 256; }, +[](ExpertsPlan& p) { p.b_rows = 256; },
+  for (auto edit : {+[](ExpertsPlan& p) { p.tile_rows = 64; }, +[](ExpertsPlan& p) { p.b_rows = 256; },
                     +[](ExpertsPlan& p) { p.pingpong_down = true; }}) {
     ExpertsPlan e = forced;
     edit(e);

@@ -10,9 +10,10 @@
 //       --experts 32 --top-k 8 --hidden 7168 --intermediate 2048 --dtype fp8 \
 //       --backends deepgemm,deepgemm_contiguous,deepgemm_tiles128 --tokens 1,16,64 --graph on
 //
-// Backends: deepgemm_contiguous / deepgemm_masked (the layout forced, tiles as the policy's),
-// deepgemm_tiles128 and grouped_mm_tiles128 (128-row tiles where the policy takes 64; layout as
-// the policy's).
+// Backends: deepgemm_contiguous / deepgemm_masked (the layout forced, tiles as the policy's;
+// the policy runs the contiguous one), deepgemm_tiles128 and grouped_mm_tiles128 (128-row tiles
+// where the policy takes 64; layout as the policy's). Measured with it: docs/cuda.md, "The two
+// layouts, measured", and docs/measurements/h100_2026-12-05_deepgemm_layouts_and_fp8_tiles.log.
 #include <functional>
 #include <memory>
 #include <string>

@@ -104,14 +104,6 @@ ExpertsPlan simt_plan() {
 // DeepSeek-V3 T = 256 on the H200). batched_mm's tiles hold one pair each, at every T: the GEMV
 // computes that row alone, where a 32-row tile would compute 31 rows of padding (measured on the
 // H200 with 32 DeepSeek-sized experts, T = 4096: seconds per call).
-// Rows of the FP8 wgmma kernel's tiles: 64 (one consumer warpgroup) while experts average at
-// most 48 rows, as the bf16 kernel's plans, else 128. A 128-row tile of a decode-sized call
-// multiplies mostly padding and loads twice the A rows per weight stage.
-int fp8_tile_rows(const ExpertsShape& s) {
-  const int64_t active = std::max<int64_t>(1, std::min<int64_t>(s.experts, s.pairs));
-  return s.pairs / active <= 48 ? 64 : 128;
-}
-
 ExpertsPlan quant_plan(const ExpertsShape& s, const DeviceTraits& d, bool per_pair) {
   ExpertsPlan p = simt_plan();
   if (per_pair) p.raster_tiles = 1;
@@ -121,9 +113,9 @@ ExpertsPlan quant_plan(const ExpertsShape& s, const DeviceTraits& d, bool per_pa
     p.raster_tiles = per_pair ? 1 : 64;
   } else if (!per_pair && wgmma_fp8_applies(s, d)) {
     p.gemm = GemmPath::kWgmmaFp8;
-    p.tile_rows = fp8_tile_rows(s);
+    p.tile_rows = 128;
     p.b_rows = 128;
-    p.raster_tiles = 1024 / p.tile_rows;
+    p.raster_tiles = 8;
   }
   return p;
 }
@@ -210,14 +202,17 @@ ExpertsPlan plan_deepgemm(const ExpertsShape& s, const DeviceTraits& d) {
   ExpertsPlan p;
   if (s.quantized) {
     p.gemm = GemmPath::kWgmmaFp8;
-    p.tile_rows = fp8_tile_rows(s);
+    p.tile_rows = 128;
     p.b_rows = 128;
-    p.raster_tiles = 1024 / p.tile_rows;
+    p.raster_tiles = 8;
   } else {
     p = hopper_tiles_plan(s);
   }
-  // (E * T >= P: the masked table can hold a contiguous fallback, see launch_route_masked.)
-  p.masked = s.tokens <= kDeepGemmMaskedMaxTokens && int64_t(s.experts) * s.tokens >= s.pairs;
+  // The contiguous layout at every size: on an H100 the masked one was 3-12 % slower at 1-16
+  // tokens with FP8 experts (its A tiles read whole boxes of the [E T] table where the
+  // contiguous layout's small calls read past the end, which costs nothing) and level or up to
+  // 2 % slower elsewhere (docs/cuda.md). It stays reachable through ExpertsPlan::masked.
+  p.masked = false;
   check_plan(p, s, d);
   return p;
 }
@@ -252,8 +247,8 @@ void check_plan(const ExpertsPlan& p, const ExpertsShape& s, const DeviceTraits&
   if (p.gemm == GemmPath::kWgmmaFp8) {
     if (const std::string why = wgmma_fp8_unsupported(s, d); !why.empty())
       fail("the FP8 wgmma path " + why);
-    if ((p.tile_rows != 64 && p.tile_rows != 128) || p.b_rows != 128)
-      fail("the FP8 wgmma path runs tiles of 64 or 128 rows and stages of 128 weight rows");
+    if (p.tile_rows != 128 || p.b_rows != 128)
+      fail("the FP8 wgmma path runs tiles of 128 rows and stages of 128 weight rows");
     if (p.pingpong_gate_up || p.pingpong_down)
       fail("the FP8 wgmma path runs cooperative warpgroups (no ping-pong)");
   }

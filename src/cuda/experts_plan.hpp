@@ -61,9 +61,10 @@ struct ExpertsPlan {
   // kWgmma, sonicmoe's fused path: gate_up reads the hidden rows in place (no gathered copy) on
   // cooperative tiles of 256 weight rows, down writes per-pair rows in the element type.
   bool fused = false;
-  // kWgmma / kWgmmaFp8 (deepgemm's decode plans): DeepGEMM's masked layout, expert e's rows at
-  // sorted positions [e * T, e * T + count_e) of an [E * T] table (launch_route_masked), instead
-  // of the contiguous layout's P positions in expert order. Same tiles and kernels.
+  // kWgmma / kWgmmaFp8: DeepGEMM's masked layout, expert e's rows at sorted positions
+  // [e * T, e * T + count_e) of an [E * T] table (launch_route_masked), instead of the contiguous
+  // layout's P positions in expert order. Same tiles and kernels; no policy picks it (measured
+  // no faster, docs/cuda.md), tests and lab/cuda/experts_plan_variants.cpp set it.
   bool masked = false;
 
   bool cluster_pairs() const { return gemm == GemmPath::kWgmma && tile_rows == 256; }
@@ -98,15 +99,13 @@ ExpertsPlan plan_grouped_mm(const ExpertsShape& s, const DeviceTraits& d);
 // wgmma_fp8_applies (128-row tiles); else the CUDA-core tile kernel.
 inline constexpr int64_t kQuantGemvMaxTokens = 16;
 // deepgemm: the Hopper tensor-core kernels at every size, never another path: bf16 experts on
-// the TMA + wgmma kernel, FP8 experts on its e4m3 form (both: 64-row tiles while experts average
-// at most 48 rows, else 128), over the contiguous layout (pairs sorted by expert on the device,
-// each expert's rows starting a new tile, so no tile straddles two experts: DeepGEMM's M-grouped
-// contiguous layout without the padded copy) above kDeepGemmMaskedMaxTokens tokens and the
-// masked layout ([E, T] rows, per-expert counts on the device) at or below it, as DeepGEMM's
-// decode path.
+// the TMA + wgmma kernel (64-row tiles while experts average at most 48 rows, else 128), FP8
+// experts on its e4m3 form (128-row tiles), over the contiguous layout (pairs sorted by expert on
+// the device, each expert's rows starting a new tile, so no tile straddles two experts:
+// DeepGEMM's M-grouped contiguous layout without the padded copy) at every size: the masked
+// layout (ExpertsPlan::masked) measured no faster at decode sizes (docs/cuda.md).
 // Throws InvalidInput naming the condition when those kernels cannot run the call (the spec-level
 // conditions are deepgemm_unsupported's; this adds the pointers' 16-byte alignment).
-inline constexpr int64_t kDeepGemmMaskedMaxTokens = 64;
 ExpertsPlan plan_deepgemm(const ExpertsShape& s, const DeviceTraits& d);
 // sonicmoe: the fused Hopper path at every size (64-row tiles while experts average at most 48
 // rows, else 128; ping-pong down GEMM when I <= 2048, as grouped_mm's wgmma plans). Throws

@@ -1,7 +1,6 @@
 // FP8 instantiations of the Hopper grouped GEMM (see grouped_gemm_wgmma.cuh, "FP8"): e4m3
-// operands with block scales, bf16 / f16 out, weight scales f32 or UE8M0. 128 weight rows per
-// stage; tiles of 128 rows (two cooperative consumer warpgroups) or 64 rows (one: decode-sized
-// calls, where a 128-row tile would multiply mostly padding).
+// operands with block scales, bf16 / f16 out, weight scales f32 or UE8M0. One configuration:
+// 128-row tiles, two cooperative consumer warpgroups, 128 weight rows per stage.
 #include <string>
 
 #include "cuda/grouped_gemm_wgmma_impl.cuh"
@@ -10,25 +9,17 @@
 namespace moex::cuda {
 namespace {
 
-template <class Out, bool kE8M0, int kConsumers>
-void launch_fp8_rows(const GroupedGemmArgs& a, const WgmmaScales& sc, cudaStream_t stream) {
-  using T = WgmmaFp8<Out, kE8M0>;
-  if (a.kind == GemmKind::kDown)
-    launch_wgmma_instance<T, GemmKind::kDown, 1, 128, kConsumers>(a, stream, sc);
-  else launch_wgmma_instance<T, GemmKind::kGateUp, 2, 128, kConsumers>(a, stream, sc);
-}
-
 template <class Out, bool kE8M0>
-void launch_fp8(const GroupedGemmArgs& a, int tile_rows, const WgmmaScales& sc,
-                cudaStream_t stream) {
-  if (tile_rows == 64) launch_fp8_rows<Out, kE8M0, 1>(a, sc, stream);
-  else launch_fp8_rows<Out, kE8M0, 2>(a, sc, stream);
+void launch_fp8(const GroupedGemmArgs& a, const WgmmaScales& sc, cudaStream_t stream) {
+  using T = WgmmaFp8<Out, kE8M0>;
+  if (a.kind == GemmKind::kDown) launch_wgmma_instance<T, GemmKind::kDown, 1, 128, 2>(a, stream, sc);
+  else launch_wgmma_instance<T, GemmKind::kGateUp, 2, 128, 2>(a, stream, sc);
 }
 
 }  // namespace
 
 void launch_grouped_gemm_wgmma_fp8(const GroupedGemmArgs& a, const QuantWeightArgs& w,
-                                   const uint8_t* aq, const float* as_by_block, int tile_rows,
+                                   const uint8_t* aq, const float* as_by_block,
                                    cudaStream_t stream) {
   if (a.max_tiles <= 0) return;
   auto fail = [](const std::string& why) {
@@ -38,8 +29,6 @@ void launch_grouped_gemm_wgmma_fp8(const GroupedGemmArgs& a, const QuantWeightAr
   if (a.elem == Elem::kF32) fail("bf16 / f16 activations only");
   if (a.kind == GemmKind::kGateUp && !(a.gated && a.concatenated))
     fail("gate_up must be gated with gate and up concatenated");
-  if (tile_rows != 64 && tile_rows != 128)
-    fail("tiles of 64 or 128 rows, not " + std::to_string(tile_rows));
   if (a.K % 16 != 0 || a.a_rows <= 0 || a.w_rows_total <= 0 || !aq || !as_by_block)
     fail("K must be a multiple of 16 and A given in sorted order (aq, as, a_rows)");
   GroupedGemmArgs g = a;
@@ -52,10 +41,10 @@ void launch_grouped_gemm_wgmma_fp8(const GroupedGemmArgs& a, const QuantWeightAr
   sc.kb = (a.K + kQuantBlockK - 1) / kQuantBlockK;
   sc.up_row0 = a.kind == GemmKind::kGateUp ? (a.N + kQuantBlockK - 1) / kQuantBlockK : 0;
   const bool bf = a.elem == Elem::kBF16;
-  if (bf && w.scale_e8m0) launch_fp8<__nv_bfloat16, true>(g, tile_rows, sc, stream);
-  else if (bf) launch_fp8<__nv_bfloat16, false>(g, tile_rows, sc, stream);
-  else if (w.scale_e8m0) launch_fp8<__half, true>(g, tile_rows, sc, stream);
-  else launch_fp8<__half, false>(g, tile_rows, sc, stream);
+  if (bf && w.scale_e8m0) launch_fp8<__nv_bfloat16, true>(g, sc, stream);
+  else if (bf) launch_fp8<__nv_bfloat16, false>(g, sc, stream);
+  else if (w.scale_e8m0) launch_fp8<__half, true>(g, sc, stream);
+  else launch_fp8<__half, false>(g, sc, stream);
 }
 
 }  // namespace moex::cuda

@@ -154,10 +154,10 @@ void launch_grouped_gemm_quant(const GroupedGemmArgs& a, const QuantWeightArgs& 
 // codes and as_by_block [ceil(K/128), a.a_rows] scales of the rows in sorted order (gate_up too;
 // launch_quantize_act_gathered with scales_by_block writes both). Needs a
 // compute capability 9.0 device, FP8 weights (not FP4), bf16 / f16 elem, gated concatenated
-// gate_up (or down), K a multiple of 16, 16-byte aligned weights (wgmma_fp8_applies in
-// experts_plan.hpp); tile_rows (64 or 128) must be the route tiles' rows.
+// gate_up (or down), K a multiple of 16, 16-byte aligned weights and 128-row route tiles
+// (wgmma_fp8_applies in experts_plan.hpp).
 void launch_grouped_gemm_wgmma_fp8(const GroupedGemmArgs& a, const QuantWeightArgs& w,
-                                   const uint8_t* aq, const float* as_by_block, int tile_rows,
+                                   const uint8_t* aq, const float* as_by_block,
                                    cudaStream_t stream);
 // The same for tiles of one or a few rows (decode): 16-byte weight loads, K a multiple of 16
 // (FP8) / 32 (FP4), 16-byte aligned weights. max_tile_rows: the most rows a tile can hold (1
