@@ -4,9 +4,9 @@
 // [e * T, e * T + count_e) of an [E, T] table, is built and tested but measured no faster, so the
 // plan does not pick it: docs/cuda.md); the hidden rows gathered in that order, then one grouped
 // GEMM per projection on TMA + wgmma (bf16: 64-row tiles while experts average at most 48 rows,
-// else 128; FP8: 128): bf16 experts in bf16, FP8 experts in e4m3 with 1 x 128 activation blocks quantized on the device and 128 x 128
-// weight blocks, the products of each 128-wide K block promoted into float32 with both scales;
-// the shared deterministic combine.
+// else 128; FP8: 128): bf16 experts in bf16, FP8 experts in e4m3 with 1 x 128 activation blocks
+// quantized on the device and 128 x 128 weight blocks, the products of each 128-wide K block
+// promoted into float32 with both scales; the shared deterministic combine.
 //
 // Unlike grouped_mm it never takes another path: a call the Hopper kernels cannot run is refused
 // with the reason (moex/backend_requirements.hpp), never run elsewhere under this name.
