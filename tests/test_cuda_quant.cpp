@@ -143,6 +143,8 @@ TEST_P(CudaQuantExperts, RoutingCasesAndUngated) {
 // The GEMV's paths: H and I multiples of 16 (FP8) / 32 (FP4) but not of 128 (ragged last 128-wide
 // block, ragged last 512-byte step), few experts so that grouped_mm's tiles hold 2-12 rows (the
 // 2-, 4- and 8-row chunks; 12 = 8 + 4) and batched_mm repeats experts across pairs, duplicate ids.
+// FP4 at H = 1312 / I = 416: rows of 656 / 208 bytes (a ragged last 512-byte step) whose last
+// 128-wide activation block holds a single 32-wide weight scale block.
 TEST_P(CudaQuantExperts, GemvUglyShapesAndSharedExperts) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 7500;
@@ -153,7 +155,8 @@ TEST_P(CudaQuantExperts, GemvUglyShapesAndSharedExperts) {
   };
   for (const Shape3 c : {Shape3{false, DType::kF32, 208, 144}, {false, DType::kF8E8M0, 208, 144},
                          {false, DType::kF32, 1040, 272}, {false, DType::kF8E8M0, 1040, 272},
-                         {true, DType::kF8E8M0, 224, 96}, {true, DType::kF8E8M0, 1056, 288}}) {
+                         {true, DType::kF8E8M0, 224, 96}, {true, DType::kF8E8M0, 1056, 288},
+                         {true, DType::kF8E8M0, 1312, 416}}) {
     const ExpertsSpec s = quant_spec(c.fp4, c.sd, 4, c.H, c.I);
     const ExpertsWeights w = random_quantized_experts_weights(s, ++seed);
     const ExpertsWeights wg = experts_weights_to(w, Device::cuda());
