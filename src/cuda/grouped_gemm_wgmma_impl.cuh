@@ -62,11 +62,21 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream,
   // its A map).
   const CUtensorMap ma =
       kGatherA ? mb : encode_tensor_map_2d(a.a_sorted, dt, a.a_rows, a.K, 64 * kConsumers, BK);
+  // Few-row tiles' A boxes (single CTAs reading A through TMA only).
+  // MOEX_WGMMA_SMALL_A=0: every tile loads the whole stage (measuring).
+  static const bool small_on = env_int("MOEX_WGMMA_SMALL_A", 1) != 0;
+  WgmmaSmallA small_a;
+  for (int b = 0; b < WgmmaSmallA::kBoxes; ++b)
+    small_a.box[b] = kGatherA || kCluster != 1
+                         ? ma
+                         : encode_tensor_map_2d(a.a_sorted, dt, a.a_rows, a.K,
+                                                WgmmaSmallA::rows(b), BK);
+  small_a.on = small_on && !kGatherA;
   // Persistent: one CTA per SM (the shared-memory ring allows one), never more than the items.
   const int64_t max_items = int64_t(a.max_tiles) * ((a.N + BN - 1) / BN);
   if constexpr (kCluster == 1) {
     dim3 grid(unsigned(std::min<int64_t>(max_items, device_info(current_device()).sm_count)));
-    kernel<<<grid, wgmma_threads(kConsumers), smem, stream>>>(ma, mb, to_params(a),
+    kernel<<<grid, wgmma_threads(kConsumers), smem, stream>>>(ma, mb, small_a, to_params(a),
                                                               int(rows_per_expert), sc);
   } else {
     cudaLaunchConfig_t cfg{};
@@ -94,7 +104,7 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream,
     }
     cfg.gridDim = dim3(unsigned(kCluster * std::min<int64_t>(max_items, clusters)));
     MOEX_CUDA_CHECK(
-        cudaLaunchKernelEx(&cfg, kernel, ma, mb, to_params(a), int(rows_per_expert), sc));
+        cudaLaunchKernelEx(&cfg, kernel, ma, mb, small_a, to_params(a), int(rows_per_expert), sc));
   }
   MOEX_CUDA_CHECK_LAUNCH(grouped_gemm_wgmma_kernel);
 }
