@@ -172,6 +172,21 @@ TEST(CudaPlan, QuantizedFp8OnHopperTensorCores) {
   EXPECT_STREQ(gemm_path_name(GemmPath::kWgmmaFp8), "wgmma.fp8");
   EXPECT_EQ(plan_grouped_mm(fp8(16), kH200).gemm, GemmPath::kGemv);
   EXPECT_EQ(plan_grouped_mm(fp8(1), kH200).gemm, GemmPath::kGemv);
+  // Within the GEMV's token range, grouped_mm leaves it once experts average more than 2 rows
+  // (32 experts, k = 8: from T = 9), where the wgmma kernel applies.
+  auto fp8_32 = [](int64_t T) {
+    ExpertsShape s = shape(T, 8, 32, 7168, 2048);
+    s.quantized = true;
+    return s;
+  };
+  EXPECT_EQ(plan_grouped_mm(fp8_32(8), kH200).gemm, GemmPath::kGemv);
+  EXPECT_EQ(plan_grouped_mm(fp8_32(9), kH200).gemm, GemmPath::kWgmmaFp8);
+  EXPECT_EQ(plan_grouped_mm(fp8_32(16), kH200).gemm, GemmPath::kWgmmaFp8);
+  EXPECT_EQ(plan_grouped_mm(fp8_32(16), kA100).gemm, GemmPath::kGemv);
+  EXPECT_EQ(plan_batched_mm(fp8_32(16), kH200).gemm, GemmPath::kGemv);
+  ExpertsShape fp4_32 = fp8_32(16);
+  fp4_32.fp4 = true;
+  EXPECT_EQ(plan_grouped_mm(fp4_32, kH200).gemm, GemmPath::kGemv);
   ExpertsShape half = fp8(4096);
   half.elem = Elem::kF16;
   EXPECT_EQ(plan_grouped_mm(half, kH200).gemm, GemmPath::kWgmmaFp8);

@@ -75,14 +75,35 @@ class GroupedMmQuantTiles final : public moex::cuda::CudaExpertsBackend {
 };
 MOEX_REGISTER_EXPERTS_BACKEND("grouped_mm_quant_tiles", GroupedMmQuantTiles);
 
+// Whether `backend` runs this call on the FP8 wgmma kernel (grouped_mm's plan on Hopper), whose
+// block sums the reference is told are coarser (kFp8TensorCoreUnitRoundoff).
+bool runs_wgmma_fp8(const std::string& backend, const ExpertsSpec& s, DType act, int64_t T,
+                    int64_t k) {
+  if (backend != "grouped_mm" || s.quant.kind != QuantScheme::Kind::kFp8E4M3 ||
+      (act != DType::kBF16 && act != DType::kF16))
+    return false;
+  moex::cuda::ExpertsShape sh;
+  sh.elem = act == DType::kBF16 ? moex::cuda::Elem::kBF16 : moex::cuda::Elem::kF16;
+  sh.tokens = T;
+  sh.pairs = T * k;
+  sh.experts = int(s.num_experts);
+  sh.hidden = int(s.hidden);
+  sh.intermediate = int(s.intermediate);
+  sh.gated = s.has_gate;
+  sh.quantized = true;
+  const moex::cuda::DeviceTraits traits = moex::cuda::traits_of(moex::cuda::current_device());
+  return moex::cuda::plan_grouped_mm(sh, traits).gemm == moex::cuda::GemmPath::kWgmmaFp8;
+}
+
 void check_case(const std::string& backend, const ExpertsSpec& s, const ExpertsWeights& w_host,
                 const ExpertsWeights& w_gpu, DType act, int64_t T, int64_t k, RoutingCase rc,
                 uint64_t seed) {
   SCOPED_TRACE(backend + " " + s.str() + " " + std::string(dtype_name(act)) + " T=" +
                std::to_string(T) + " " + routing_case_name(rc) + " seed=" + std::to_string(seed));
   Routing r = random_routing(s, T, k, act, seed, rc);
-  const QuantizedReference ref =
-      experts_reference_f64_bounded(s, w_host, r.hidden, r.top_k_index, r.top_k_weights);
+  const QuantizedReference ref = experts_reference_f64_bounded(
+      s, w_host, r.hidden, r.top_k_index, r.top_k_weights,
+      runs_wgmma_fp8(backend, s, act, T, k) ? kFp8TensorCoreUnitRoundoff : 0.0);
   Tensor out = experts_forward(backend, s, w_gpu, on_gpu(r.hidden), on_gpu(r.top_k_index),
                                on_gpu(r.top_k_weights))
                    .to(Device::cpu());

@@ -104,10 +104,22 @@ ExpertsPlan simt_plan() {
 // DeepSeek-V3 T = 256 on the H200). batched_mm's tiles hold one pair each, at every T: the GEMV
 // computes that row alone, where a 32-row tile would compute 31 rows of padding (measured on the
 // H200 with 32 DeepSeek-sized experts, T = 4096: seconds per call).
+//
+// Between the two, grouped_mm's FP8 calls leave the GEMV once experts average more than 2 rows:
+// the GEMV reads an expert once per 4 tile rows and decodes each weight per chunk, the wgmma
+// kernel once per 128-row tile. 32 DeepSeek-V3-sized experts, k = 8, graphs: H200 (2026-12-02)
+// T = 8 GEMV 0.496 / wgmma 0.527 ms, T = 9 - 32 wgmma 0.445-0.495 against the GEMV's 0.753 at
+// T = 16; H100 with the few-row A boxes (2026-12-05) T = 4 0.409 / 0.405, T = 16 0.79-0.81 /
+// 0.570 (docs/cuda.md).
+bool quant_gemv_preferred(const ExpertsShape& s, const DeviceTraits& d) {
+  if (s.tokens > kQuantGemvMaxTokens) return false;
+  return s.pairs <= 2 * int64_t(s.experts) || !wgmma_fp8_applies(s, d);
+}
+
 ExpertsPlan quant_plan(const ExpertsShape& s, const DeviceTraits& d, bool per_pair) {
   ExpertsPlan p = simt_plan();
   if (per_pair) p.raster_tiles = 1;
-  if (quant_gemv_applies(s) && (per_pair || s.tokens <= kQuantGemvMaxTokens)) {
+  if (quant_gemv_applies(s) && (per_pair || quant_gemv_preferred(s, d))) {
     p.gemm = GemmPath::kGemv;
     p.tile_rows = per_pair ? 1 : 16;
     p.raster_tiles = per_pair ? 1 : 64;

@@ -95,8 +95,9 @@ inline bool wgmma_fp8_applies(const ExpertsShape& s, const DeviceTraits& d) {
 // ping-pong down GEMM when I <= 2048); SIMT where the tensor-core kernels do not apply.
 ExpertsPlan plan_grouped_mm(const ExpertsShape& s, const DeviceTraits& d);
 // Quantized experts: the GEMV (batched_mm at every T, grouped_mm while T <=
-// kQuantGemvMaxTokens) where it applies; grouped_mm above that on FP8 tensor cores where
-// wgmma_fp8_applies (128-row tiles); else the CUDA-core tile kernel.
+// kQuantGemvMaxTokens and, where the FP8 wgmma kernel applies, while experts average at most 2
+// rows) where it applies; grouped_mm beyond that on FP8 tensor cores where wgmma_fp8_applies
+// (128-row tiles); else the CUDA-core tile kernel.
 inline constexpr int64_t kQuantGemvMaxTokens = 16;
 // deepgemm: the Hopper tensor-core kernels at every size, never another path: bf16 experts on
 // the TMA + wgmma kernel (64-row tiles while experts average at most 48 rows, else 128), FP8
