@@ -84,10 +84,10 @@ QuantizedReference quantized_reference(const ExpertsSpec& s, const ExpertsWeight
   struct ExpertF64 {
     std::vector<double> gu, dn, dn_col_norm;  // dn_col_norm[i] = ||down[:, i]||_2
   };
-  std::map<int64_t, ExpertF64> cache;  // converted on first use (see reference.cpp)
-  auto expert = [&](int64_t e) -> const ExpertF64& {
-    auto it = cache.find(e);
-    if (it != cache.end()) return it->second;
+  // Expert-major: each hit expert is dequantized to double once and dropped before the next, so
+  // the reference holds one expert's float64 copy at a time (a DeepSeek-V3 expert is 352 MB in
+  // double; keeping every hit one, as a per-token loop must, took tens of GB at 256 experts).
+  auto dequantize_expert = [&](int64_t e) {
     ExpertF64 ex;
     ex.gu = dequantize(s, gu_w, gu_s, e, R, H, s.has_gate ? I : R);
     ex.dn = dequantize(s, dn_w, dn_s, e, H, I, H);
@@ -95,7 +95,7 @@ QuantizedReference quantized_reference(const ExpertsSpec& s, const ExpertsWeight
     for (int64_t c = 0; c < H; ++c)
       for (int64_t i = 0; i < I; ++i) ex.dn_col_norm[size_t(i)] += ex.dn[size_t(c * I + i)] * ex.dn[size_t(c * I + i)];
     for (double& v : ex.dn_col_norm) v = std::sqrt(v);
-    return cache.emplace(e, std::move(ex)).first->second;
+    return ex;
   };
 
   QuantizedReference res;
@@ -109,28 +109,41 @@ QuantizedReference quantized_reference(const ExpertsSpec& s, const ExpertsWeight
   const double gamma_gu = 4.0 * std::sqrt(double(H)) * u_acc;
   const double gamma_dn = 4.0 * std::sqrt(double(I)) * u_acc;
   const bool coarse = u_acc > kU32;  // float32 sums of the down projection: the tolerance covers them
-  std::vector<double> row_acc(coarse ? size_t(H) : 0);
-  double acc_sq = 0;
+  // Per token: the crossing bound and (coarse) each output's accumulation bound, summed over its
+  // experts before they are squared (tokens write different output rows: their bounds add in
+  // squares).
+  std::vector<double> token_bound(size_t(T), 0.0), row_acc(coarse ? size_t(T * H) : 0, 0.0);
   std::vector<uint8_t> q;
   std::vector<float> sc, hf(static_cast<size_t>(I)), hs;
-  std::vector<double> xq, hq, a(static_cast<size_t>(R)), mag(static_cast<size_t>(R));
+  std::vector<double> hq, a(static_cast<size_t>(R)), mag(static_cast<size_t>(R));
   std::vector<double> h(static_cast<size_t>(I)), dh(static_cast<size_t>(I));
-  double bound_sq = 0;  // tokens write different output rows: their bounds add in squares
-  for (int64_t t = 0; t < T; ++t) {
-    double token_bound = 0;
-    std::fill(row_acc.begin(), row_acc.end(), 0.0);
-    quantized_values(x.data() + t * H, H, q, sc, xq);
+  std::vector<double> xq_all(size_t(T * H));
+  {
+    std::vector<double> xq;
+    for (int64_t t = 0; t < T; ++t) {
+      quantized_values(x.data() + t * H, H, q, sc, xq);
+      std::copy(xq.begin(), xq.end(), xq_all.begin() + t * H);
+    }
+  }
+  // The (token, slot) pairs of each hit expert, in token order.
+  std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> pairs_of;
+  for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = ids[size_t(t * k + j)];
       if (e < 0) throw InvalidInput("negative expert id in reference");
       if (e >= E) continue;  // sentinel
+      pairs_of[e].emplace_back(t, j);
+    }
+  for (const auto& [e, pairs] : pairs_of) {
+    const ExpertF64 ex = dequantize_expert(e);
+    for (const auto& [t, j] : pairs) {
       const double wt = per_expert ? rw[size_t(t * E + e)] : rw[size_t(t * k + j)];
-      const ExpertF64& ex = expert(e);
+      const double* xq = xq_all.data() + t * H;
       for (int64_t r = 0; r < R; ++r) {
         double acc = 0, m = 0;
         const double* wr = ex.gu.data() + r * H;
         for (int64_t c = 0; c < H; ++c) {
-          const double p = xq[size_t(c)] * wr[c];
+          const double p = xq[c] * wr[c];
           acc += p;
           m += p * p;
         }
@@ -184,7 +197,7 @@ QuantizedReference quantized_reference(const ExpertsSpec& s, const ExpertsWeight
           if (q_lo != q_hi) ++res.near_midpoints;
           const double got = std::fabs(hq[size_t(i)]);
           const double change = std::max(double(q_hi) * double(s_hi) - got, got - double(q_lo) * double(s_lo));
-          token_bound += std::fabs(wt) * std::max(change, 0.0) * ex.dn_col_norm[size_t(i)];
+          token_bound[size_t(t)] += std::fabs(wt) * std::max(change, 0.0) * ex.dn_col_norm[size_t(i)];
         }
       }
       for (int64_t c = 0; c < H; ++c) {
@@ -196,12 +209,13 @@ QuantizedReference quantized_reference(const ExpertsSpec& s, const ExpertsWeight
           m += p * p;
         }
         o[t * H + c] += wt * acc;
-        if (coarse) row_acc[size_t(c)] += std::fabs(wt) * gamma_dn * std::sqrt(m);
+        if (coarse) row_acc[size_t(t * H + c)] += std::fabs(wt) * gamma_dn * std::sqrt(m);
       }
     }
-    bound_sq += token_bound * token_bound;
-    for (double r : row_acc) acc_sq += r * r;
   }
+  double bound_sq = 0, acc_sq = 0;
+  for (double b : token_bound) bound_sq += b * b;
+  for (double r : row_acc) acc_sq += r * r;
   res.crossing_bound = std::sqrt(bound_sq);
   res.accumulation_bound = std::sqrt(acc_sq);
   return res;
