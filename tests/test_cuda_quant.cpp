@@ -75,13 +75,8 @@ class GroupedMmQuantTiles final : public moex::cuda::CudaExpertsBackend {
 };
 MOEX_REGISTER_EXPERTS_BACKEND("grouped_mm_quant_tiles", GroupedMmQuantTiles);
 
-// Whether `backend` runs this call on the FP8 wgmma kernel (grouped_mm's plan on Hopper), whose
-// block sums the reference is told are coarser (kFp8TensorCoreUnitRoundoff).
-bool runs_wgmma_fp8(const std::string& backend, const ExpertsSpec& s, DType act, int64_t T,
-                    int64_t k) {
-  if (backend != "grouped_mm" || s.quant.kind != QuantScheme::Kind::kFp8E4M3 ||
-      (act != DType::kBF16 && act != DType::kF16))
-    return false;
+// What the plans see of an FP8 call with 16-bit activations (bf16 / f16).
+moex::cuda::ExpertsShape fp8_call_shape(const ExpertsSpec& s, DType act, int64_t T, int64_t k) {
   moex::cuda::ExpertsShape sh;
   sh.elem = act == DType::kBF16 ? moex::cuda::Elem::kBF16 : moex::cuda::Elem::kF16;
   sh.tokens = T;
@@ -91,8 +86,19 @@ bool runs_wgmma_fp8(const std::string& backend, const ExpertsSpec& s, DType act,
   sh.intermediate = int(s.intermediate);
   sh.gated = s.has_gate;
   sh.quantized = true;
+  return sh;
+}
+
+// Whether `backend` runs this call on the FP8 wgmma kernel (grouped_mm's plan on Hopper), whose
+// block sums the reference is told are coarser (kFp8TensorCoreUnitRoundoff).
+bool runs_wgmma_fp8(const std::string& backend, const ExpertsSpec& s, DType act, int64_t T,
+                    int64_t k) {
+  if (backend != "grouped_mm" || s.quant.kind != QuantScheme::Kind::kFp8E4M3 ||
+      (act != DType::kBF16 && act != DType::kF16))
+    return false;
   const moex::cuda::DeviceTraits traits = moex::cuda::traits_of(moex::cuda::current_device());
-  return moex::cuda::plan_grouped_mm(sh, traits).gemm == moex::cuda::GemmPath::kWgmmaFp8;
+  return moex::cuda::plan_grouped_mm(fp8_call_shape(s, act, T, k), traits).gemm ==
+         moex::cuda::GemmPath::kWgmmaFp8;
 }
 
 void check_case(const std::string& backend, const ExpertsSpec& s, const ExpertsWeights& w_host,
@@ -227,16 +233,9 @@ TEST(CudaQuantWgmmaFp8, AgainstReferenceAndCudaCoreTiles) {
                      " " + routing_case_name(c.rc) + " seed=" + std::to_string(seed));
         // On Hopper the policy must pick the kernel under test (a silent fallback to the tiles
         // would pass every comparison below).
-        moex::cuda::ExpertsShape sh;
-        sh.elem = act == DType::kBF16 ? moex::cuda::Elem::kBF16 : moex::cuda::Elem::kF16;
-        sh.tokens = c.T;
-        sh.pairs = c.T * c.k;
-        sh.experts = int(c.E);
-        sh.hidden = int(c.H);
-        sh.intermediate = int(c.I);
-        sh.quantized = true;
         if (traits.hopper())
-          EXPECT_EQ(moex::cuda::plan_grouped_mm(sh, traits).gemm, moex::cuda::GemmPath::kWgmmaFp8);
+          EXPECT_EQ(moex::cuda::plan_grouped_mm(fp8_call_shape(s, act, c.T, c.k), traits).gemm,
+                    moex::cuda::GemmPath::kWgmmaFp8);
         // The CUDA-core tiles sum in float32; the FP8 tensor cores sum each 128-wide block more
         // coarsely before the float32 promotion (kFp8TensorCoreUnitRoundoff), which the wgmma
         // kernel's reference is told.

@@ -65,13 +65,13 @@ void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream,
   // Few-row tiles' A boxes (single CTAs reading A through TMA only).
   // MOEX_WGMMA_SMALL_A=0: every tile loads the whole stage (measuring).
   static const bool small_on = env_int("MOEX_WGMMA_SMALL_A", 1) != 0;
+  // The kernel reads the boxes only when `on` (and single CTAs only): the maps are encoded then.
   WgmmaSmallA small_a;
+  small_a.on = small_on && !kGatherA && kCluster == 1;
   for (int b = 0; b < WgmmaSmallA::kBoxes; ++b)
-    small_a.box[b] = kGatherA || kCluster != 1
-                         ? ma
-                         : encode_tensor_map_2d(a.a_sorted, dt, a.a_rows, a.K,
-                                                WgmmaSmallA::rows(b), BK);
-  small_a.on = small_on && !kGatherA;
+    small_a.box[b] = small_a.on ? encode_tensor_map_2d(a.a_sorted, dt, a.a_rows, a.K,
+                                                       WgmmaSmallA::rows(b), BK)
+                                : ma;
   // Persistent: one CTA per SM (the shared-memory ring allows one), never more than the items.
   const int64_t max_items = int64_t(a.max_tiles) * ((a.N + BN - 1) / BN);
   if constexpr (kCluster == 1) {
