@@ -86,7 +86,8 @@ QuantizedReference quantized_reference(const ExpertsSpec& s, const ExpertsWeight
   };
   // Expert-major: each hit expert is dequantized to double once and dropped before the next, so
   // the reference holds one expert's float64 copy at a time (a DeepSeek-V3 expert is 352 MB in
-  // double; keeping every hit one, as a per-token loop must, took tens of GB at 256 experts).
+  // double; keeping every hit one, as a per-token loop must, needs up to 45 GB for 16 tokens of
+  // DeepSeek-V3's 256 experts).
   auto dequantize_expert = [&](int64_t e) {
     ExpertF64 ex;
     ex.gu = dequantize(s, gu_w, gu_s, e, R, H, s.has_gate ? I : R);
