@@ -109,6 +109,14 @@ class Tensor {
   // read back from the file if touched again), so a loaded model's host memory does not grow
   // with the checkpoint. No-op for other tensors.
   void release_file_pages() const;
+  // For host memory other than a file mapping: asks the OS to back the 2 MiB pages
+  // wholly inside it with transparent huge pages, now and in place (MADV_COLLAPSE, Linux 6.1+;
+  // the contents stay). Streaming a weight matrix then walks the page tables once per 2 MiB
+  // instead of once per 4 KiB. A hint: where the kernel or its settings refuse, nothing changes.
+  // Costs a copy of the memory inside the kernel (on a VM, whatever the host takes to back new
+  // huge pages). Returns whether the kernel did it (false: refused, or no whole 2 MiB page
+  // inside; no-op for file mappings and device tensors).
+  bool collapse_to_huge_pages() const;
 
   // Host-side element access for tests, references and small ops (any float dtype -> double).
   double item_double(std::initializer_list<int64_t> idx) const;

@@ -7,7 +7,11 @@
 //   g++ -std=c++20 -O2 -fopenmp -Iinclude -Isrc lab/cpu/block_scaled_kernel_lab.cpp -Lbuild -lmoex \
 //       -Wl,-rpath,build -o build/block_scaled_kernel_lab && OMP_NUM_THREADS=2 build/block_scaled_kernel_lab
 //
-// HUGE=1 puts the codes on 2 MiB pages (THP via madvise) to see what TLB misses cost. The prefetch
+// HUGE=1 puts the codes on 2 MiB pages (THP via madvise, faulted in by a copy), COLLAPSE=1 moves
+// them there in place as the experts' prepare does (Tensor::collapse_to_huge_pages), to see what
+// page walks cost. NOSUB=1 replaces the FP8 codes of exponent 0 (the Gaussian codes below have
+// about 1 in 9,000 such codes: 1 in 70 blocks of 128) by the smallest normal, to see what the
+// bf16 kernel's handling of them costs. The prefetch
 // distance and the weight-row pairing of the kernel were chosen with this lab (docs/cpu.md);
 // PAIR_FROM=n sets the pairing threshold (default: the library's for this CPU); FP8_ONLY=1 skips FP4,
 // MAX_M=n stops after n activation rows, EACH=1 prints every timed run. LAB_E / LAB_N / LAB_K /
@@ -29,6 +33,7 @@
 #include "cpu/engine.hpp"
 #include "cpu/kernels/kernels.hpp"
 #include "moex/dtype.hpp"
+#include "moex/tensor.hpp"
 
 namespace k = moex::cpu::kernels;
 
@@ -68,7 +73,23 @@ Problem make(bool fp4) {
   // Codes as a checkpoint holds them: FP8 Gaussian weights quantized with amax -> 448 (subnormals
   // rare), FP4 uniform nibbles.
   for (auto& c : p.w) c = fp4 ? uint8_t(rng()) : moex::float_to_f8e4m3(std::clamp(g(rng) * 100.f, -448.f, 448.f));
+  if (!fp4 && std::getenv("NOSUB"))
+    for (auto& c : p.w)
+      if ((c & 0x78) == 0) c = uint8_t((c & 0x80) | 0x08);
+  if (!fp4) {
+    size_t sub = 0;
+    for (const uint8_t c : p.w) sub += (c & 0x78) == 0;
+    std::printf("FP8 codes of exponent 0 (zeros, subnormals): %zu of %zu\n", sub, p.w.size());
+  }
   if (p.huge) std::memcpy(p.huge, p.w.data(), p.w.size());
+  if (std::getenv("COLLAPSE")) {
+    const moex::Tensor view = moex::Tensor::from_blob(p.w.data(), moex::DType::kI8, {int64_t(p.w.size())}, {1},
+                                                     moex::Device::cpu());
+    const auto t0 = std::chrono::steady_clock::now();
+    view.collapse_to_huge_pages();
+    std::printf("collapsed to huge pages in %.2f s\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   if (fp4) {
     p.scale.resize(size_t(E * N * (K / 32)));
     for (auto& c : p.scale) c = uint8_t(120 + rng() % 6);

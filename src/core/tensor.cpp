@@ -266,6 +266,22 @@ void Tensor::release_file_pages() const {
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
+bool Tensor::collapse_to_huge_pages() const {
+  if (!storage_ || storage_->file_mapped() || !device().is_cpu() || nbytes() == 0 || !is_contiguous())
+    return false;
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(raw()) + kHuge - 1) / kHuge * kHuge;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(raw()) + nbytes()) / kHuge * kHuge;
+  if (end <= begin) return false;
+#ifdef MADV_HUGEPAGE
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // later faults too
+#endif
+  // MADV_COLLAPSE is 25 in the Linux UAPI; older headers lack the name, older kernels answer
+  // EINVAL (ignored: a hint).
+  constexpr int kMadvCollapse = 25;
+  return ::madvise(reinterpret_cast<void*>(begin), end - begin, kMadvCollapse) == 0;
+}
+
 static double load_as_double(const void* p, DType t) {
   switch (t) {
     case DType::kF32: return *static_cast<const float*>(p);

@@ -17,6 +17,13 @@ class EagerCpu final : public ExpertsBackend {
                     "decoded in registers");
   }
 
+  std::unique_ptr<PreparedExperts> prepare(const ExpertsSpec& spec,
+                                           const ExpertsWeights& weights) const override {
+    if (spec.quant.quantized() && weights.device().host_accessible())
+      return prepare_quantized_experts(weights);
+    return nullptr;
+  }
+
   // Host code: runs synchronously on the calling thread (and its OpenMP team); the context adds
   // nothing on the CPU.
   void forward(const ExpertsProblem& p, Tensor& out, const ExecContext&) const override {

@@ -71,6 +71,12 @@ void QuantRows::set_row(int64_t r, const float* x) {
   if (!b.empty()) kernels::pack_activation_bf16(qr, ld, b.data() + r * ld);
 }
 
+std::unique_ptr<PreparedExperts> prepare_quantized_experts(const ExpertsWeights& w) {
+  for (const Tensor* t : {&w.gate_up, &w.down})
+    if (t->defined()) t->collapse_to_huge_pages();
+  return nullptr;
+}
+
 kernels::BlockScaledArgs quant_gate_up(const ExpertsSpec& s, const ExpertsWeights& w, int64_t e) {
   const int64_t R = s.gate_up_rows();
   return matrix_args(s, w.gate_up, w.gate_up_scale, e, R, s.hidden, s.has_gate ? s.intermediate : R);

@@ -26,6 +26,8 @@ class GroupedMmCpu final : public ExpertsBackend {
                                            const ExpertsWeights& weights) const override {
     const DType dt = weights.dtype();
     // Quantized weights are read as stored: packing them would be a second copy.
+    if (spec.quant.quantized() && weights.device().host_accessible())
+      return prepare_quantized_experts(weights);
     if (spec.quant.quantized() || !weights.device().host_accessible() ||
         !cpu_engine_unsupported_reason(spec, dt, dt).empty())
       return nullptr;
