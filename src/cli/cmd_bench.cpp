@@ -112,7 +112,10 @@ Tensor take_rows(const Tensor& t, const std::vector<int64_t>& rows) {
   return out;
 }
 
-// Streams a buffer several times the last-level cache so that weights are not cache-resident.
+// Reads a buffer several times the last-level cache so that weights are not cache-resident.
+// Reads only: the caches are left holding clean lines, as a model step leaves them (it reads
+// weights and writes little). A writing sweep left them full of dirty lines whose write-backs
+// then shared the DRAM with the timed call's reads (docs/cpu.md, "The cache evictor").
 class CacheEvictor {
  public:
   CacheEvictor() {
@@ -123,7 +126,7 @@ class CacheEvictor {
   void evict() {
     uint64_t s = 0;
 #pragma omp parallel for reduction(+ : s) schedule(static)
-    for (size_t i = 0; i < buf_.size(); i += 8) s += buf_[i]++;
+    for (size_t i = 0; i < buf_.size(); i += 8) s += buf_[i];
     sink_ = sink_ + s;
   }
 
