@@ -29,10 +29,11 @@ __device__ __forceinline__ float e4m3_value(uint8_t b) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(b), __NV_E4M3);
   return __half2float(__half(h));
 }
+// Selects, not branches: the GEMV reads one per weight row and load.
 __device__ __forceinline__ float e8m0_value(uint8_t c) {
-  if (c == 0xff) return __int_as_float(0x7fc00000);
-  if (c == 0) return __int_as_float(0x00400000);  // 2^-127
-  return __int_as_float(int(c) << 23);
+  uint32_t v = c == 0 ? 0x00400000u : uint32_t(c) << 23;  // 0: 2^-127
+  v = c == 0xff ? 0x7fc00000u : v;
+  return __uint_as_float(v);
 }
 // e2m1 code (low 4 bits): sign, two exponent bits (bias 1), one mantissa bit.
 __device__ __forceinline__ float e2m1_value(uint32_t code) {
