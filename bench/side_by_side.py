@@ -6,10 +6,10 @@ Runs `moex bench experts --device cuda --json` (moex's own harness: it checks ea
 the float64 reference before timing, measures the ceilings and prints the floor of each row) and
 then times transformers' experts module of the same shape with the same kind of routing
 (uniform top-k, distinct experts, softmax weights) through triton.testing.do_bench (median,
-L2 flushed before each run, as moex's timer does). Prints one markdown table per shape: every
-time, the floor (from moex's bench: max(bytes of the experts hit + activations / measured
-bandwidth, flops / measured peak)), moex's best fraction of the floor, and moex's speedup over
-transformers' best. Usage (on the GPU machine):
+L2 flushed before each run by zeroing 256 MB; moex's timer is told to flush the same way).
+Prints one markdown table per shape: every time, the floor (from moex's bench: max(bytes of the
+experts hit + activations / measured bandwidth, flops / measured peak)), moex's best fraction
+of the floor, and moex's speedup over transformers' best. Usage (on the GPU machine):
 
   python3 bench/side_by_side.py --moex build-cuda/moex --shapes all --tokens 1,4,16,64,256,1024,4096,16384
 
@@ -28,6 +28,7 @@ shapes; the script instantiates Qwen2MoeExperts with each shape's sizes.
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -43,9 +44,12 @@ def run_moex(binary, shape, tokens, graph, backends="batched_mm,grouped_mm", ext
     cmd = [binary, "bench", "experts", "--device", "cuda", "--shape", shape, "--dtype", "bfloat16",
            "--tokens", ",".join(str(t) for t in tokens), "--graph", graph, "--json",
            "--backends", backends] + list(extra)
-    print("#", " ".join(cmd), flush=True)
+    # do_bench flushes the L2 by zeroing a 256 MB buffer; moex's timer flushes the same way here
+    # (its default is a read, which leaves no dirty lines to write back during the timed run).
+    env = dict(os.environ, MOEX_BENCH_L2_FLUSH="write")
+    print("# MOEX_BENCH_L2_FLUSH=write", " ".join(cmd), flush=True)
     t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     rows = []
     for line in p.stdout.splitlines():
         line = line.strip()

@@ -60,6 +60,9 @@ Ceilings measure_ceilings(Device device, DType dtype, const CeilingsOptions& opt
 // timed. Throws Unsupported without CUDA, DeviceError when a CUDA call fails.
 double time_cuda_ms(Device device, const std::function<void()>& fn, bool use_graph, int warmup,
                     int iters);
+// How time_cuda_ms flushes the L2: "read" (a read of 256 MiB, leaving clean lines as a model step
+// does; the default) or "write" (MOEX_BENCH_L2_FLUSH=write: a memset, as triton's do_bench).
+std::string cuda_l2_flush();
 
 // What a replay of `fn` captured in a CUDA graph computes: runs fn once outside capture (lazy
 // setup), captures a second call into a graph, fills the tensor that call returned with NaN,

@@ -322,10 +322,10 @@ int run_bench_experts(const std::vector<std::string>& argv) {
       ceilings.unit + (fp8_tensor_cores && copt.peak ? ", FP8 peak = 2 x bf16" : "");
   if (!json)
     std::printf("# shape %s (E=%lld k=%lld H=%lld I=%lld) %s on %s [%s]; ceilings: %.1f GB/s, "
-                "%.1f TFLOP/s\n",
+                "%.1f TFLOP/s%s\n",
                 sh.name, (long long)sh.E, (long long)sh.k, (long long)sh.H, (long long)sh.I,
-                dt_name.c_str(), dev.str().c_str(), kernel.c_str(), bw_gbs,
-                peak_tflops);
+                dt_name.c_str(), dev.str().c_str(), kernel.c_str(), bw_gbs, peak_tflops,
+                dev.is_cuda() ? ("; L2 flush: " + cuda_l2_flush()).c_str() : "");
 
   ExpertsWeights w;
   if (quant.quantized()) {
@@ -474,6 +474,7 @@ int run_bench_experts(const std::vector<std::string>& argv) {
                          {"scratch_bytes", row.scratch},
                          {"check_rel_err",
                           row_err ? nlohmann::json(*row_err) : nlohmann::json()}};
+        if (dev.is_cuda()) j["l2_flush"] = cuda_l2_flush();
         std::printf("%s\n", j.dump().c_str());
       } else {
         char err_text[32] = "unchecked";

@@ -55,6 +55,14 @@ double time_cuda_ms(Device device, const std::function<void()>& fn, bool use_gra
 #endif
 }
 
+std::string cuda_l2_flush() {
+#ifdef MOEX_WITH_CUDA
+  return cuda::bench_l2_flush_writes() ? "write" : "read";
+#else
+  return "read";
+#endif
+}
+
 double measure_peer_copy_gbps(Device src, Device dst) {
   if (!src.is_cuda() || !dst.is_cuda())
     throw Unsupported("peer copies are between CUDA devices, not " + src.str() + " -> " + dst.str());

@@ -49,6 +49,8 @@ double bench_time_ms(Device device, const std::function<void()>& fn, bool use_gr
   return time_ms(fn, use_graph, warmup, iters);
 }
 
+bool bench_l2_flush_writes() { return l2_flush_writes(); }
+
 double bench_peer_copy_gbps(Device src, Device dst) {
   require_gpu(src);
   require_gpu(dst);

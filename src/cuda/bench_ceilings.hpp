@@ -14,5 +14,6 @@ double bench_time_ms(Device device, const std::function<void()>& fn, bool use_gr
 Tensor bench_graph_replay_output(Device device, const std::function<Tensor()>& fn);
 int64_t bench_reserved_bytes(Device device);
 double bench_peer_copy_gbps(Device src, Device dst);
+bool bench_l2_flush_writes();
 
 }  // namespace moex::cuda

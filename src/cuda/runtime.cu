@@ -387,8 +387,8 @@ constexpr size_t kFlushBytes = size_t(256) << 20;
 
 // Reads n 16-byte words and writes nothing (unless their xor hits one value: a store the compiler
 // cannot drop), so the L2 is left holding clean lines, as a model step leaves it. A memset of the
-// flush buffer leaves it full of dirty lines instead, whose write-backs then share the HBM with
-// the timed call's reads (MOEX_BENCH_L2_FLUSH=read measures with this one; docs/cuda.md).
+// flush buffer (do_bench's flush, MOEX_BENCH_L2_FLUSH=write) leaves it full of dirty lines
+// instead, whose write-backs then share the HBM with the timed call's reads (docs/cuda.md).
 __global__ void read_flush_kernel(const uint4* p, size_t n, unsigned* sink) {
   unsigned acc = 0;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -398,14 +398,10 @@ __global__ void read_flush_kernel(const uint4* p, size_t n, unsigned* sink) {
   if (acc == 0x9E3779B9u) *sink = acc;
 }
 
-// The flush before each timed run: a memset of kFlushBytes (default: what the published numbers
-// were measured with) or, with MOEX_BENCH_L2_FLUSH=read, a read of them.
+// The flush before each timed run: a read of kFlushBytes, or with MOEX_BENCH_L2_FLUSH=write a
+// memset of them (to compare with triton.testing.do_bench, which zeroes a 256 MB buffer).
 void flush_l2(void* flush, int i, int dev, cudaStream_t s) {
-  static const bool read = [] {
-    const char* e = std::getenv("MOEX_BENCH_L2_FLUSH");
-    return e && std::strcmp(e, "read") == 0;
-  }();
-  if (!read) {
+  if (l2_flush_writes()) {
     MOEX_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xff, kFlushBytes, s));
     return;
   }
@@ -415,6 +411,14 @@ void flush_l2(void* flush, int i, int dev, cudaStream_t s) {
   MOEX_CUDA_CHECK(cudaGetLastError());
 }
 }  // namespace
+
+bool l2_flush_writes() {
+  static const bool write = [] {
+    const char* e = std::getenv("MOEX_BENCH_L2_FLUSH");
+    return e && std::strcmp(e, "write") == 0;
+  }();
+  return write;
+}
 
 double time_ms(const std::function<void()>& fn, bool use_graph, int warmup, int iters) {
   cudaStream_t s = current_stream();

@@ -157,9 +157,12 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
 // ---- timing and ceilings ----
 // Median milliseconds of `iters` event-timed runs of fn on the current stream after `warmup`
 // untimed runs. With use_graph, fn is captured once into a CUDA graph and its replays are timed.
-// The L2 cache is flushed (a 256 MiB memset, untimed) before every timed run, as
-// triton.testing.do_bench does, so that weights are read from HBM as in a real model.
+// The L2 cache is flushed before every timed run (a read of 256 MiB, untimed: clean lines, as a
+// model step leaves it; MOEX_BENCH_L2_FLUSH=write zeroes them instead, as
+// triton.testing.do_bench does), so that weights are read from HBM as in a real model.
 double time_ms(const std::function<void()>& fn, bool use_graph, int warmup, int iters);
+// Whether time_ms flushes by writing (MOEX_BENCH_L2_FLUSH=write) rather than reading.
+bool l2_flush_writes();
 
 struct Ceilings {
   double bandwidth_gbs = 0;  // device-to-device copy, bytes read + written per second / 1e9
