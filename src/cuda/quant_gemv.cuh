@@ -65,8 +65,9 @@ __device__ __forceinline__ void e4m3x4_to_float(uint32_t v, float* f) {
 // times its value (the layout above). That byte is ((x & 7) << 1) | ((x & 8) << 4) of the
 // nibble x, formed for the four even columns (bytes of v) and the four odd ones (bytes of v >> 4)
 // at once, and a byte permute with the zero register moves two such bytes into the high bytes of
-// an f16x2: 11 integer instructions per word where shifting each pair into place took 16 (the
-// kernel is bound by its instruction issue at FP4).
+// an f16x2: 11 integer instructions per word where shifting each pair into place took 16 (on an
+// H100 the FP4 GEMV at T = 1 went 0.1074 -> 0.1005 ms with this and e8m0_value's selects; fewer
+// instructions still, by staging the activation row or by mma.sync, did not pay: docs/cuda.md).
 __device__ __forceinline__ void e2m1x8_to_h2_scaled(uint32_t v, uint32_t* h) {
   const uint32_t even = ((v << 1) & 0x0e0e0e0eu) | ((v << 4) & 0x80808080u);  // columns 0 2 4 6
   const uint32_t odd = ((v >> 3) & 0x0e0e0e0eu) | (v & 0x80808080u);          // columns 1 3 5 7
