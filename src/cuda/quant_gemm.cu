@@ -94,30 +94,30 @@ void launch_grouped_gemm_quant(const GroupedGemmArgs& a, const QuantWeightArgs& 
 }
 
 namespace {
-// Output columns one GEMV block covers: kQuantGemvWarps warps of kQuantGemvWeightRows weight rows
+// Output columns one GEMV block of W warps covers: W warps of kQuantGemvWeightRows weight rows
 // (gate and up rows of a column side by side when gated).
-int64_t gemv_col_blocks(int64_t N, int groups) {
-  const int64_t cols = int64_t(kQuantGemvWarps) * (kQuantGemvWeightRows / groups);
+int64_t gemv_col_blocks(int64_t N, int groups, int W = kQuantGemvWarps) {
+  const int64_t cols = int64_t(W) * (kQuantGemvWeightRows / groups);
   return (N + cols - 1) / cols;
 }
 
-template <class T, int kKind, int kGroups, int kChunk>
-void launch_gemv_quant_chunk(const QuantGemmParams& q, const QuantWeightArgs& w, dim3 grid,
+template <class T, int kKind, int kGroups, int kChunk, int W = kQuantGemvWarps>
+void launch_gemv_quant_chunk(const QuantGemmParams& q, const QuantWeightArgs& w, unsigned tiles,
                              cudaStream_t s) {
-  auto go = [&](auto kernel) {
-    launch_pdl(kernel, grid, dim3(kQuantGemvWarps * 32), 0, s, current_device(), q);
-  };
-  constexpr int W = kQuantGemvWarps, R = kQuantGemvWeightRows;
+  const dim3 grid(tiles, unsigned(gemv_col_blocks(q.g.N, kGroups, W)));
+  auto go = [&](auto kernel) { launch_pdl(kernel, grid, dim3(W * 32), 0, s, current_device(), q); };
+  constexpr int R = kQuantGemvWeightRows;
   if (w.fp4) go(grouped_gemv_quant_kernel<T, kKind, kGroups, true, true, W, R, kChunk>);
   else if (w.scale_e8m0) go(grouped_gemv_quant_kernel<T, kKind, kGroups, false, true, W, R, kChunk>);
   else go(grouped_gemv_quant_kernel<T, kKind, kGroups, false, false, W, R, kChunk>);
 }
 
 template <class T, int kKind, int kGroups>
-void launch_gemv_quant_kind(const QuantGemmParams& q, const QuantWeightArgs& w, dim3 grid,
+void launch_gemv_quant_kind(const QuantGemmParams& q, const QuantWeightArgs& w, unsigned tiles,
                             int max_tile_rows, cudaStream_t s) {
-  if (max_tile_rows <= 1) launch_gemv_quant_chunk<T, kKind, kGroups, 1>(q, w, grid, s);
-  else launch_gemv_quant_chunk<T, kKind, kGroups, kQuantGemvRowChunk>(q, w, grid, s);
+  constexpr int kOneRowWarps = kKind == kQuantLinear ? kQuantGemvWarps : kQuantGemvOneRowWarps;
+  if (max_tile_rows <= 1) launch_gemv_quant_chunk<T, kKind, kGroups, 1, kOneRowWarps>(q, w, tiles, s);
+  else launch_gemv_quant_chunk<T, kKind, kGroups, kQuantGemvRowChunk>(q, w, tiles, s);
 }
 }  // namespace
 
@@ -128,17 +128,17 @@ void launch_grouped_gemv_quant(const GroupedGemmArgs& a, const QuantWeightArgs& 
   if (a.K % (w.fp4 ? 32 : 16) != 0)
     throw Error("launch_grouped_gemv_quant: K must be a multiple of 16 (FP8) / 32 (FP4)");
   const int groups = a.kind == GemmKind::kGateUp && a.gated ? 2 : 1;
-  const int64_t col_blocks = gemv_col_blocks(a.N, groups);
-  if (col_blocks > 65535)
+  // The one-row instance's narrower blocks make the most column blocks.
+  if (gemv_col_blocks(a.N, groups, std::min(kQuantGemvWarps, kQuantGemvOneRowWarps)) > 65535)
     throw Unsupported("quantized GEMV: " + std::to_string(a.N) + " output columns");
   const QuantGemmParams q = quant_params(to_params(a), w, aq, as, -1);
-  const dim3 grid(unsigned(a.max_tiles), unsigned(col_blocks));
+  const unsigned tiles = unsigned(a.max_tiles);
   dispatch_elem(a.elem, [&](auto t) {
     using T = decltype(t);
     const int rows = max_tile_rows;
-    if (a.kind == GemmKind::kDown) launch_gemv_quant_kind<T, kQuantDown, 1>(q, w, grid, rows, stream);
-    else if (a.gated) launch_gemv_quant_kind<T, kQuantGateUp, 2>(q, w, grid, rows, stream);
-    else launch_gemv_quant_kind<T, kQuantGateUp, 1>(q, w, grid, rows, stream);
+    if (a.kind == GemmKind::kDown) launch_gemv_quant_kind<T, kQuantDown, 1>(q, w, tiles, rows, stream);
+    else if (a.gated) launch_gemv_quant_kind<T, kQuantGateUp, 2>(q, w, tiles, rows, stream);
+    else launch_gemv_quant_kind<T, kQuantGateUp, 1>(q, w, tiles, rows, stream);
   });
 }
 
@@ -164,8 +164,7 @@ void launch_linear_quant(const uint8_t* aq, const float* as, int64_t rows, int K
   dispatch_elem(elem, [&](auto t) {
     using T = decltype(t);
     if (gemv) {
-      const dim3 grid(1, unsigned(gemv_col_blocks(N, 1)));
-      launch_gemv_quant_kind<T, kQuantLinear, 1>(q, qw, grid, int(rows), stream);
+      launch_gemv_quant_kind<T, kQuantLinear, 1>(q, qw, 1u, int(rows), stream);
     } else {
       const dim3 grid(unsigned((rows + 31) / 32), unsigned((N + 31) / 32));
       launch_quant_kind<T, kQuantLinear, 1>(q, qw, grid, stream);

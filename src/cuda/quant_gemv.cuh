@@ -41,6 +41,12 @@ namespace moex::cuda {
 
 constexpr int kQuantGemvWarps = 4;       // warps per block
 constexpr int kQuantGemvWeightRows = 4;  // weight rows per warp
+// Warps per block of the experts' one-row instance: half the block, twice the blocks, a shorter
+// tail at the grid's end. H100, DeepSeek-V3 shape (256 experts), T = 1 batched_mm: FP8 0.1376 /
+// 0.1379 -> 0.1357 / 0.1360 ms, FP4 level (0.0909 / 0.0910 -> 0.0910 / 0.0910), T = 4 0.7-0.4 %
+// faster. Fewer registers per thread (2 weight rows, or launch bounds of 6-12 blocks per SM)
+// lost for both formats (docs/cuda.md, "The one-row GEMV's shape").
+constexpr int kQuantGemvOneRowWarps = 2;
 // Tile rows per pass over the weights: 4 for tiles of several rows; calls whose tiles hold one
 // row (batched_mm's pairs, any call at T = 1) launch the 1-row instance, whose registers do not
 // pay for the wider chunks (lab/cuda/quant_gemv_lab.cu on the H200: 8-row chunks cost 28 % at
