@@ -148,8 +148,9 @@ TEST(CudaPlan, QuantizedExpertsRunTheCudaCoreKernels) {
 }
 
 // FP8 experts above the GEMV's token range on Hopper: the FP8 wgmma kernel (128-row tiles,
-// 128 weight rows per stage, cooperative); not for FP4, float32 activations, H or I not multiples
-// of 16, ungated or interleaved layouts, misaligned tensors, other GPUs, or batched_mm.
+// cooperative; 256 weight rows per stage from 8 rows per expert, else 128); not for FP4,
+// float32 activations, H or I not multiples of 16, ungated or interleaved layouts, misaligned
+// tensors, other GPUs, or batched_mm.
 TEST(CudaPlan, QuantizedFp8OnHopperTensorCores) {
   auto fp8 = [](int64_t T) {
     ExpertsShape s = shape(T, 8, 256, 7168, 2048);  // DeepSeek-V3's experts
@@ -160,12 +161,16 @@ TEST(CudaPlan, QuantizedFp8OnHopperTensorCores) {
     const ExpertsPlan p = plan_grouped_mm(fp8(T), kH200);
     EXPECT_EQ(p.gemm, GemmPath::kWgmmaFp8) << T;
     EXPECT_EQ(p.tile_rows, 128);
-    EXPECT_EQ(p.b_rows, 128);
+    // 256 experts, k = 8: T / 32 rows per expert; wide stages from 8 rows (T = 256).
+    const int b_rows = T >= 256 ? 256 : 128;
+    EXPECT_EQ(p.b_rows, b_rows) << T;
     EXPECT_FALSE(p.pingpong_gate_up || p.pingpong_down || p.cluster_pairs());
     EXPECT_EQ(p.raster_tiles, 8);
     EXPECT_NO_THROW(check_plan(p, fp8(T), kH200));
-    EXPECT_EQ(p.describe(), "TMA + wgmma FP8 e4m3 (sm_90a) tiles of 128 rows, block scales "
-                            "applied per 128-wide K block");
+    EXPECT_EQ(p.describe(), "TMA + wgmma FP8 e4m3 (sm_90a) tiles of 128 rows, " +
+                                std::to_string(b_rows) +
+                                " weight rows per stage, block scales applied per 128-wide K "
+                                "block");
     EXPECT_EQ(plan_batched_mm(fp8(T), kH200).gemm, GemmPath::kGemv) << T;
     EXPECT_EQ(plan_grouped_mm(fp8(T), kA100).gemm, GemmPath::kSimt) << T;
   }
@@ -222,7 +227,8 @@ TEST(CudaPlan, QuantizedFp8OnHopperTensorCores) {
   // Off Hopper, on a bf16 shape, or with an edited configuration, check_plan refuses it.
   EXPECT_THROW(check_plan(forced, fp8(4096), kA100), moex::InvalidInput);
   EXPECT_THROW(check_plan(forced, qwen(4096), kH200), moex::InvalidInput);
-  for (auto edit : {+[](ExpertsPlan& p) { p.tile_rows = 64; }, +[](ExpertsPlan& p) { p.b_rows = 256; },
+  for (auto edit : {+[](ExpertsPlan& p) { p.tile_rows = 64; },
+                    +[](ExpertsPlan& p) { p.b_rows = 64; },
                     +[](ExpertsPlan& p) { p.pingpong_down = true; }}) {
     ExpertsPlan e = forced;
     edit(e);

@@ -75,6 +75,32 @@ class GroupedMmQuantTiles final : public moex::cuda::CudaExpertsBackend {
 };
 MOEX_REGISTER_EXPERTS_BACKEND("grouped_mm_quant_tiles", GroupedMmQuantTiles);
 
+// grouped_mm with the FP8 wgmma kernel's other stage width (128 <-> 256 weight rows) wherever the
+// policy picks that kernel, so both widths run on every shape the tests use.
+class GroupedMmFp8OtherWidth final : public moex::cuda::CudaExpertsBackend {
+ protected:
+  std::string description() const override {
+    return "grouped_mm, FP8 wgmma with the other stage width (tests)";
+  }
+  moex::cuda::ExpertsPlan plan(const moex::cuda::ExpertsArgs& a,
+                               const moex::cuda::DeviceTraits& d) const override {
+    const moex::cuda::ExpertsShape s = moex::cuda::shape_of(a);
+    moex::cuda::ExpertsPlan p = moex::cuda::plan_grouped_mm(s, d);
+    if (p.gemm == moex::cuda::GemmPath::kWgmmaFp8) p.b_rows = p.b_rows == 256 ? 128 : 256;
+    moex::cuda::check_plan(p, s, d);
+    return p;
+  }
+  size_t workspace_bytes(const moex::cuda::ExpertsArgs& a,
+                         const moex::cuda::ExpertsPlan& p) const override {
+    return moex::cuda::grouped_mm_workspace_bytes(a, p);
+  }
+  void run(const moex::cuda::ExpertsArgs& a, const moex::cuda::ExpertsPlan& p, void* ws,
+           cudaStream_t st) const override {
+    moex::cuda::grouped_mm_experts(a, p, ws, st);
+  }
+};
+MOEX_REGISTER_EXPERTS_BACKEND("grouped_mm_fp8_other_width", GroupedMmFp8OtherWidth);
+
 // What the plans see of an FP8 call with 16-bit activations (bf16 / f16).
 moex::cuda::ExpertsShape fp8_call_shape(const ExpertsSpec& s, DType act, int64_t T, int64_t k) {
   moex::cuda::ExpertsShape sh;
@@ -218,6 +244,7 @@ TEST(CudaQuantWgmmaFp8, AgainstReferenceAndCudaCoreTiles) {
       {5, 400, 208, 2, 1000, RoutingCase::kRandom, false},      // several tiles per expert
       {6, 256, 128, 4, 17, RoutingCase::kDuplicates, false},    // just past the GEMV's range
       {7, 272, 208, 2, 64, RoutingCase::kSentinels, false},
+      {16, 272, 208, 2, 40, RoutingCase::kRandom, false},       // 5 rows per expert: 128-row stages
   };
   const moex::cuda::DeviceTraits traits = moex::cuda::traits_of(moex::cuda::current_device());
   uint64_t seed = 7500;
@@ -256,6 +283,10 @@ TEST(CudaQuantWgmmaFp8, AgainstReferenceAndCudaCoreTiles) {
         EXPECT_LE(l2_diff(wgmma, ref.out), bound_tc)
             << "wgmma: elements near an e4m3 midpoint " << ref_tc.near_midpoints << " of "
             << ref_tc.elements << ", accumulation bound " << ref_tc.accumulation_bound;
+        // The kernel's other stage width (the policy's: 128 weight rows for the case of 5 rows
+        // per expert, 256 for the others).
+        EXPECT_LE(l2_diff(run("grouped_mm_fp8_other_width"), ref.out), bound_tc)
+            << "wgmma, other stage width";
         EXPECT_LE(l2_diff(tiles, ref.out), bound) << "CUDA-core tiles";
         // Both within their bounds of the reference: within the sum of each other.
         const std::vector<float> a = wgmma.to_float_vector(), b = tiles.to_float_vector();

@@ -160,7 +160,8 @@ GroupedGemmArgs gemm_args(const ExpertsArgs& a, const Workspace& w, GemmKind kin
 // the valid pairs (offsets[E]) are neither gathered nor quantized; their rows of a tile are
 // computed from stale codes and never stored.
 // (Masked layout: no row bound; free positions are the ones whose sorted_pair is -1.)
-void run_quant_gemms_wgmma(const ExpertsArgs& a, const Workspace& w, cudaStream_t s) {
+void run_quant_gemms_wgmma(const ExpertsArgs& a, const Workspace& w, const ExpertsPlan& plan,
+                           cudaStream_t s) {
   GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
   GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
   const int64_t R = w.rows;
@@ -168,16 +169,16 @@ void run_quant_gemms_wgmma(const ExpertsArgs& a, const Workspace& w, cudaStream_
   g1.a_rows = g2.a_rows = R;
   launch_quantize_act_gathered(a.hidden_states, a.elem, w.sorted_pair, a.top_k, R, int(a.hidden),
                                valid, w.xq, w.xqs, /*scales_by_block=*/true, s);
-  launch_grouped_gemm_wgmma_fp8(g1, a.gate_up_q, w.xq, w.xqs, s);
+  launch_grouped_gemm_wgmma_fp8(g1, a.gate_up_q, w.xq, w.xqs, plan.b_rows, s);
   launch_quantize_act_gathered(w.h, a.elem, w.masked ? w.sorted_pair : nullptr, 0, R,
                                a.intermediate, valid, w.hq, w.hqs, /*scales_by_block=*/true, s);
-  launch_grouped_gemm_wgmma_fp8(g2, a.down_q, w.hq, w.hqs, s);
+  launch_grouped_gemm_wgmma_fp8(g2, a.down_q, w.hq, w.hqs, plan.b_rows, s);
 }
 
 // Quantized experts: each A operand quantized per 1 x 128 block, then the CUDA-core products.
 void run_quant_gemms(const ExpertsArgs& a, const Workspace& w, const ExpertsPlan& plan,
                      cudaStream_t s) {
-  if (plan.gemm == GemmPath::kWgmmaFp8) return run_quant_gemms_wgmma(a, w, s);
+  if (plan.gemm == GemmPath::kWgmmaFp8) return run_quant_gemms_wgmma(a, w, plan, s);
   const GroupedGemmArgs g1 = gemm_args(a, w, GemmKind::kGateUp);
   const GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
   const bool gemv = plan.gemm == GemmPath::kGemv;

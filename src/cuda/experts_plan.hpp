@@ -50,7 +50,8 @@ struct ExpertsPlan {
   int tile_rows = 32;
   // kWgmma: weight rows per pipeline stage (output columns per CTA): 256, or 128 (64-column
   // gate_up tiles; measured faster only at Qwen1.5-MoE T = 1024, docs/cuda.md; never picked).
-  // kWgmmaFp8: 128 (tile_rows 128).
+  // kWgmmaFp8: 256 where experts average at least 8 rows (gate_up items of 128 output columns,
+  // down 256), else 128 (64 / 128 columns); tile_rows 128.
   int b_rows = 256;
   // kWgmma with 128-row tiles: the two consumer warpgroups take whole 128 x 128 items in turn
   // (ping-pong) instead of sharing 128 x 256 items; per GEMM.

@@ -35,14 +35,19 @@
 // FP8 (T = WgmmaFp8<Out, kE8M0>, the quantized experts of include/moex/quant.hpp): A holds the
 // e4m3 codes of the activations in sorted order (quantize_act over the gathered rows) with f32
 // scales [rows, ceil(K/128)], B the e4m3 weights [E * N_rows, K] with one scale per 128 x 128
-// block. A stage is 128 k (one 128-byte row, one scale block), four m64n128k32 wgmmas. As in
-// DeepGEMM, the tensor core's sum of FP8 products keeps fewer mantissa bits than fp32, so each
-// stage's products go into a separate fragment (`part`), which after wgmma.wait_group 0 is
-// multiplied by (activation scale of its row) x (weight scale of its column block) and added into
-// the fp32 accumulator: the quant.hpp math, per K block, with the block sums from the tensor core.
-// Stages hold 128 weight rows (gated gate_up: 64 gate + 64 up rows, so each group lies inside one
-// 128-row scale block; down: 128 rows = one block) and the consumers are cooperative (part
-// doubles the accumulator registers: 64 + 64 per thread).
+// block. A stage is 128 k (one 128-byte row, one scale block) of 128 or 256 weight rows, taken in
+// parts of 128 rows: four m64n128k32 wgmmas each. As in DeepGEMM, the tensor core's sum of FP8
+// products keeps fewer mantissa bits than fp32, so each part's products go into a separate
+// fragment (`part`, 64 registers), which after wgmma.wait_group 0 is multiplied by (activation
+// scale of its row) x (weight scale of its 128-row block) and added into the fp32 accumulator:
+// the quant.hpp math, per K block, with the block sums from the tensor core. 128-row stages:
+// gated gate_up 64 gate + 64 up rows (64 output columns), down 128 rows; 256-row stages: 128
+// gate + 128 up (128 columns), down 256 rows (two scale blocks). Each group's rows of a part lie
+// inside one 128-row scale block. The consumers are cooperative; the accumulator is 64 or 128
+// registers per thread, plus the 64 of `part`. Why 256 rows where experts have rows enough
+// (ExpertsPlan::b_rows): a 128 x 128 x 128 block of MMAs reads a 16 KB A stage and a 16 KB B
+// stage, and at that ratio of bytes to MMAs the kernel was held well below the tensor cores'
+// rate; 128 x 256 reads 48 KB for twice the MMAs (docs/cuda.md has the measurements).
 #pragma once
 
 #include "cuda/gemm_common.cuh"
@@ -105,12 +110,14 @@ struct WgmmaSmallA {
 // tile rows), the block 128 * (kConsumers + 1) threads.
 constexpr int wgmma_threads(int consumers) { return 128 * (consumers + 1); }
 
-// The gated gate_up epilogue goes through shared memory (see the kernel's epilogue): each
-// consumer warpgroup has a block of its rows x BN output columns of T there, after the ring.
-// Other kernels (down: fp32 output; ungated gate_up: 256 columns, which would cost a stage)
-// store straight from the accumulators.
+// The gated gate_up epilogue and the FP8 down GEMM's (2-byte y) go through shared memory (see
+// the kernel's epilogue): each consumer warpgroup has a block of its rows x BN output columns of
+// Out there, after the ring. Other kernels (bf16 / f16 down: fp32 output; ungated gate_up: 256
+// columns, which would cost a stage) store straight from the accumulators.
+template <class T>
 __host__ __device__ constexpr bool wgmma_staged_epilogue(GemmKind kind, int groups) {
-  return kind == GemmKind::kGateUp && groups == 2;
+  return (kind == GemmKind::kGateUp && groups == 2) ||
+         (kind == GemmKind::kDown && WgmmaFormat<T>::kScaled);
 }
 
 // Shared memory of one kernel instance: the ring (STAGES x (A stage + B stage)), the staged
@@ -125,7 +132,7 @@ struct WgmmaSmem {
   static constexpr int kBStage = kBRows * kWgmmaRowBytes;
   static constexpr int kEpiOffset = STAGES * (kAStage + kBStage);
   static constexpr int kEpiWgBytes =
-      wgmma_staged_epilogue(kKind, kGroups)
+      wgmma_staged_epilogue<T>(kKind, kGroups)
           ? 64 * (kPingPong ? 2 : 1) * (kBRows / kGroups) *
                 int(sizeof(typename WgmmaFormat<T>::Out))
           : 0;
@@ -157,8 +164,9 @@ __device__ __forceinline__ WorkItem work_item(int item, int nblocks, const Tile*
   return {first + local % size, local / size};
 }
 
-// The epilogue of gated gate_up (kGroups == 2, N a multiple of 8), run by one consumer
-// warpgroup on its kHalves x 64 rows of the item: activation, rounding to T, stmatrix of the
+// The staged epilogue (gated gate_up, kGroups == 2; or the FP8 down GEMM's element-type y,
+// kGroups == 1; N a multiple of 8), run by one consumer warpgroup on its kHalves x 64 rows of the
+// item: activation (gate_up) or bias (down), rounding to T, stmatrix of the
 // rows x BN block into `epi` (this warpgroup's part of the shared memory past the ring), then
 // row-contiguous 16-byte global stores of the rows inside the tile.
 // Why: storing straight from the accumulators (the kernel's other epilogue) writes 4 bytes per
@@ -169,9 +177,10 @@ __device__ __forceinline__ WorkItem work_item(int item, int nblocks, const Tile*
 // groups. Named barrier `bar` (128 threads) brackets the writes: the previous item's copy-out
 // must have read the block, and the copy-out reads what the other warps wrote. Rows at or past
 // tile_rows (the next expert's, or none) are computed but not stored. Same values as the
-// direct epilogue.
+// direct epilogue. (The FP8 down GEMM's items have 16 K blocks at DeepSeek-V3's K = 2048, so its
+// epilogue is a larger share of an item than gate_up's 56.)
 template <class T, GemmKind kKind, int kGroups, int BN, int kHalves, int NACC>
-__device__ __forceinline__ void staged_gate_up_epilogue(const float (&acc)[kHalves][NACC],
+__device__ __forceinline__ void staged_epilogue(const float (&acc)[kHalves][NACC],
                                                         const GemmParams& p, int expert, int n0,
                                                         int row_start, int tile_rows, int wg_row0,
                                                         unsigned char* epi, int bar, int warp,
@@ -193,12 +202,12 @@ __device__ __forceinline__ void staged_gate_up_epilogue(const float (&acc)[kHalv
         for (int s = 0; s < 4; ++s) {
           const int i = 2 * q + (s >> 1), h = s & 1;
           const float ga = acc[m][4 * i + 2 * h], gb = acc[m][4 * i + 2 * h + 1];
-          const float ua = acc[m][4 * (i + BN / 8) + 2 * h];
-          const float ub = acc[m][4 * (i + BN / 8) + 2 * h + 1];
+          const float ua = kGroups == 2 ? acc[m][(4 * (i + BN / 8) + 2 * h) % NACC] : 0.f;
+          const float ub = kGroups == 2 ? acc[m][(4 * (i + BN / 8) + 2 * h + 1) % NACC] : 0.f;
           float va, vb;
           if constexpr (decltype(fast)::value) {
-            va = silu(ga) * ua;
-            vb = silu(gb) * ub;
+            va = kGroups == 2 ? silu(ga) * ua : ga;
+            vb = kGroups == 2 ? silu(gb) * ub : gb;
           } else {
             const int j = n0 + 8 * i + 2 * (lane % 4);
             va = j < p.N ? epilogue_value<T, kKind, kGroups>(p, expert, j, ga, ua) : 0.f;
@@ -212,8 +221,9 @@ __device__ __forceinline__ void staged_gate_up_epilogue(const float (&acc)[kHalv
       }
     }
   };
-  // SiLU without bias (every gated model but gpt-oss) skips the per-output dispatch.
-  if (p.ap.act == 0 && p.bias == nullptr) stage(std::true_type{});
+  // SiLU without bias (every gated model but gpt-oss), or down without bias, skips the
+  // per-output dispatch.
+  if ((kGroups == 1 || p.ap.act == 0) && p.bias == nullptr) stage(std::true_type{});
   else stage(std::false_type{});
   sm90::named_bar_sync(bar, 128);
   T* out = static_cast<T*>(p.out);
@@ -275,15 +285,20 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
   constexpr bool kScaled = F::kScaled;
   constexpr int BK = wgmma_bk<T>();
   constexpr int BN = kBRows / kGroups;  // output columns of the tile
-  constexpr bool kStaged = wgmma_staged_epilogue(kKind, kGroups);
+  constexpr bool kStaged = wgmma_staged_epilogue<T>(kKind, kGroups);
   using S = WgmmaSmem<T, kKind, kGroups, kBRows, STAGES, kConsumers, kPingPong>;
   static_assert(!kPingPong || (kConsumers == 2 && kBRows == 128),
                 "ping-pong: two warpgroups, m64n128");
   static_assert(kCluster == 1 || (kCluster == 2 && !kPingPong && kConsumers == 2),
                 "clusters: cooperative 128-row CTAs");
-  static_assert(!kScaled || (kBRows == 128 && !kPingPong && kCluster == 1),
-                "FP8: 128 weight rows per stage (one scale block per group), cooperative, no "
-                "clusters");
+  static_assert(!kScaled || ((kBRows == 128 || kBRows == 256) && !kPingPong && kCluster == 1 &&
+                             kConsumers == 2),
+                "FP8: 128 or 256 weight rows per stage; cooperative, two consumers, no clusters");
+  // FP8: parts of 128 weight rows in a stage, each multiplied and promoted on its own; the
+  // weight scales of an item: per group, one per 128-row block of its BN columns.
+  [[maybe_unused]] constexpr int kFp8Parts = kBRows / 128;
+  constexpr int kSbPerGroup = BN > 128 ? BN / 128 : 1;
+  [[maybe_unused]] constexpr int kFp8Sb = kGroups * kSbPerGroup;
   static_assert(!kGatherA || (!kScaled && kKind == GemmKind::kGateUp && kCluster == 1 && !kPingPong),
                 "gathered A: bf16 / f16 gate_up on cooperative single CTAs");
   constexpr int kHalves = kPingPong ? 2 : 1;  // 64-row halves of the tile one warpgroup computes
@@ -437,12 +452,10 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
     const int lane = tid % 32, warp = (tid % 128) / 32;
     constexpr int NACC = kBRows / 2;
     float acc[kHalves][NACC];
-    // FP8: the current stage's block sums, before their scales (see the file's top note).
-    [[maybe_unused]] float part[kScaled ? kHalves : 1][kScaled ? NACC : 1];
-    auto mma_regs = [&](int m) -> float* {
-      if constexpr (kScaled) return part[m];
-      else return acc[m];
-    };
+    // FP8: the current part's block sums (128 weight rows of the stage), before their scales
+    // (see the file's top note).
+    constexpr int NPART = kScaled ? 64 : 1;
+    [[maybe_unused]] float part[1][NPART];
     int it = 0;
     const int my_items = (items - first + stride - 1) / stride;
     // Releases stage `st` (its MMAs have retired): in this CTA, and in the partner's whose
@@ -483,18 +496,22 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
 #pragma unroll
         for (int i = 0; i < NACC; ++i) acc[m][i] = 0.f;
       // FP8: the K blocks' scales, one block ahead: sa[m][h] = activation scale of the thread's
-      // row (h: + 8; 0 past the tile's rows), sb[g] = weight scale of group g's 128-row block
-      // (gated: gate, up). Block kb + 1's are loaded once block kb's MMAs are issued, so their
-      // latency hides behind a whole stage. (Loaded at the top of their own block, ncu showed
-      // the promotion stalled on them, and the FP8 call was 5-7 % slower: docs/cuda.md.)
-      [[maybe_unused]] float sa[kHalves][2], sb[kGroups];
+      // row (h: + 8; 0 past the tile's rows), sb[g * kSbPerGroup + b] = weight scale of group
+      // g's (gated: gate, up) b-th 128-row block of the item (0 past N). Block kb + 1's are
+      // loaded once block kb's MMAs are issued, so their latency hides behind a whole stage.
+      // (Loaded at the top of their own block, ncu showed the promotion stalled on them, and the
+      // FP8 call was 5-7 % slower: docs/cuda.md.)
+      [[maybe_unused]] float sa[kHalves][2], sb[kFp8Sb];
       auto load_scales = [&](int kb) {
         if constexpr (kScaled) {
 #pragma unroll
-          for (int g = 0; g < kGroups; ++g) {
-            const int64_t srow = (g ? sc.up_row0 : 0) + n0 / 128;
-            sb[g] = scale_at<F::kE8M0>(sc.b, tile.expert * sc.b_expert_stride + srow * sc.kb + kb);
-          }
+          for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+            for (int b = 0; b < kSbPerGroup; ++b) {
+              const int64_t srow = (g ? sc.up_row0 : 0) + n0 / 128 + b;
+              const int64_t at = tile.expert * sc.b_expert_stride + srow * sc.kb + kb;
+              sb[g * kSbPerGroup + b] = n0 + 128 * b < p.N ? scale_at<F::kE8M0>(sc.b, at) : 0.f;
+            }
 #pragma unroll
           for (int m = 0; m < kHalves; ++m)
 #pragma unroll
@@ -508,52 +525,75 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
       load_scales(0);
       for (int kb = 0; kb < KT; ++kb, ++it) {
         const int s = it % STAGES;
-        // FP8: this K block's scale products: scale[m][h][g] = sa[m][h] x sb[g].
-        [[maybe_unused]] float scale[kHalves][2][kGroups];
-        if constexpr (kScaled) {
-#pragma unroll
-          for (int m = 0; m < kHalves; ++m)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-              for (int g = 0; g < kGroups; ++g) scale[m][h][g] = sa[m][h] * sb[g];
-        }
         sm90::mbar_wait(&full[s], (it / STAGES) & 1);
         if constexpr (kGatherA) sm90::fence_proxy_async_shared();  // (A came through cp.async)
-        const uint64_t db = sm90::desc_k_major_sw128(b_smem + s * S::kBStage);
+        if constexpr (kScaled) {
+          // FP8 (cooperative, kHalves == 1): the stage's weight rows in parts of 128 (one scale
+          // block each; kBRows 256 = gated gate_up with 128 gate + 128 up rows, 128 output
+          // columns). Per part: four m64n128k32 wgmmas into `part`, wait, promotion into the
+          // part's 64 accumulators (part q's are acc[64 q, 64 q + 64), the m64n256 fragment's
+          // layout, so the epilogue is the bf16 kernel's). With two parts a block's sums need
+          // only one 64-register fragment, and an item of 128 output columns reads its A tile
+          // once for twice the MMAs of a 64-column item.
+          const uint64_t da =
+              sm90::desc_k_major_sw128(a_smem + s * S::kAStage + c * 64 * kWgmmaRowBytes);
+          // This K block's scale products, scale[h][g] = sa[0][h] x sb[g], formed once its first
+          // MMAs are issued: an item's first block's scales were requested just before its
+          // full-barrier wait, and their latency (a DRAM miss at a new tile or expert) passes
+          // behind the MMAs instead of before them.
+          float scale[2][kFp8Sb];
 #pragma unroll
-        for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(mma_regs(m));
-        sm90::wgmma_fence();
+          for (int q = 0; q < kFp8Parts; ++q) {
+            const uint64_t db = sm90::desc_k_major_sw128(b_smem + s * S::kBStage +
+                                                         q * 128 * kWgmmaRowBytes);
+            sm90::fence_accumulators<NPART>(part[0]);
+            sm90::wgmma_fence();
 #pragma unroll
-        for (int m = 0; m < kHalves; ++m) {
-          const uint64_t da = sm90::desc_k_major_sw128(a_smem + s * S::kAStage +
-                                                       (kPingPong ? m : c) * 64 * kWgmmaRowBytes);
-          // Four steps of 32 bytes of K (k16 bf16 / f16, k32 e4m3); FP8 starts a fresh block sum.
+            for (int ks = 0; ks < 4; ++ks)
+              sm90::wgmma_m64n128k32_e4m3(part[0], da + 2 * ks, db + 2 * ks, ks > 0);
+            sm90::wgmma_commit();
+            sm90::fence_accumulators<NPART>(part[0]);
+            if (q == 0) {
 #pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            if constexpr (kScaled)
-              sm90::wgmma_m64n128k32_e4m3(part[m], da + 2 * ks, db + 2 * ks, ks > 0);
-            else
+              for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int j = 0; j < kFp8Sb; ++j) scale[h][j] = sa[0][h] * sb[j];
+              if (kb + 1 < KT) load_scales(kb + 1);
+            }
+            // Promotion: the part's MMAs must retire before their sums are scaled, so no batch
+            // of this warpgroup stays in flight here; the other consumer warpgroup's MMAs keep
+            // the tensor cores busy.
+            sm90::wgmma_wait<0>();
+            sm90::fence_accumulators<NPART>(part[0]);
+            if (q == kFp8Parts - 1) release(s);
+#pragma unroll
+            for (int i = 0; i < NPART; ++i) {
+              // Scale block of register i: its weight row r in the stage, group r / BN, 128-row
+              // block (r % BN) / 128 of the group.
+              constexpr int kPartRows = 128;
+              const int r = q * kPartRows + 8 * (i / 4);
+              const int j = (r / BN) * kSbPerGroup + (r % BN) / 128;
+              float& o = acc[0][q * NPART + i];
+              o = fmaf(part[0][i], scale[(i >> 1) & 1][j], o);
+            }
+          }
+        } else {
+          const uint64_t db = sm90::desc_k_major_sw128(b_smem + s * S::kBStage);
+#pragma unroll
+          for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
+          sm90::wgmma_fence();
+#pragma unroll
+          for (int m = 0; m < kHalves; ++m) {
+            const uint64_t da = sm90::desc_k_major_sw128(
+                a_smem + s * S::kAStage + (kPingPong ? m : c) * 64 * kWgmmaRowBytes);
+            // Four steps of 32 bytes of K (k16 bf16 / f16).
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
               sm90::wgmma_k16<T, kBRows>(acc[m], da + 2 * ks, db + 2 * ks);
           }
-        }
-        sm90::wgmma_commit();
+          sm90::wgmma_commit();
 #pragma unroll
-        for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(mma_regs(m));
-        if constexpr (kScaled) {
-          if (kb + 1 < KT) load_scales(kb + 1);
-          // Promotion: the block's MMAs must retire before their sums are scaled, so no batch
-          // stays in flight here; the other consumer warpgroup's MMAs keep the tensor cores busy.
-          sm90::wgmma_wait<0>();
-#pragma unroll
-          for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(part[m]);
-          release(s);
-#pragma unroll
-          for (int m = 0; m < kHalves; ++m)
-#pragma unroll
-            for (int i = 0; i < NACC; ++i)
-              acc[m][i] = fmaf(part[m][i], scale[m][(i >> 1) & 1][(i / 4) / (BN / 8)], acc[m][i]);
-        } else {
+          for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
           sm90::wgmma_wait<1>();
 #pragma unroll
           for (int m = 0; m < kHalves; ++m) sm90::fence_accumulators<NACC>(acc[m]);
@@ -570,10 +610,10 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
         release((it - 1) % STAGES);
       }
 
-      // ---- epilogue, gated gate_up: through shared memory (staged_gate_up_epilogue) ----
+      // ---- epilogue, gated gate_up and FP8 down: through shared memory (staged_epilogue) ----
       if constexpr (kStaged) {
-        if (p.N % 8 == 0) {
-          staged_gate_up_epilogue<Out, kKind, kGroups, BN>(
+        if (p.N % 8 == 0 && (kKind != GemmKind::kDown || p.out_elem)) {
+          staged_epilogue<Out, kKind, kGroups, BN>(
               acc, p, tile.expert, n0, row_start, tile_rows, kPingPong ? 0 : c * 64,
               smem + S::kEpiOffset + c * S::kEpiWgBytes, 3 + c, warp, lane, tid % 128);
           continue;

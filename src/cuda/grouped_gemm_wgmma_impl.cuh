@@ -27,17 +27,21 @@ constexpr CUtensorMapDataType wgmma_tma_dtype() {
   else return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }
 
-// Stages: as many as fit in ~200 KB of shared memory.
+// Stages: as many as fit in ~200 KB of shared memory, and beside the staged epilogue's blocks
+// (epi_bytes) in the 227 KB a block may use.
 template <int kBRows, int kConsumers>
-constexpr int wgmma_stages() {
-  return (200 * 1024) / ((64 * kConsumers + kBRows) * kWgmmaRowBytes);
+constexpr int wgmma_stages(int epi_bytes) {
+  constexpr int stage = (64 * kConsumers + kBRows) * kWgmmaRowBytes;
+  const int by_ring = (200 * 1024) / stage, by_total = (226 * 1024 - epi_bytes) / stage;
+  return by_ring < by_total ? by_ring : by_total;
 }
 
 template <class T, GemmKind kKind, int kGroups, int kBRows, int kConsumers, bool kPingPong = false,
           int kCluster = 1, bool kGatherA = false>
 void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream,
                            const WgmmaScales& sc = {}) {
-  constexpr int STAGES = wgmma_stages<kBRows, kConsumers>();
+  constexpr int STAGES = wgmma_stages<kBRows, kConsumers>(
+      kConsumers * WgmmaSmem<T, kKind, kGroups, kBRows, 1, kConsumers, kPingPong>::kEpiWgBytes);
   constexpr int BN = kBRows / kGroups;
   auto kernel = grouped_gemm_wgmma_kernel<T, kKind, kGroups, kBRows, STAGES, kConsumers, kPingPong,
                                           kCluster, kGatherA>;

@@ -155,9 +155,10 @@ void launch_grouped_gemm_quant(const GroupedGemmArgs& a, const QuantWeightArgs& 
 // launch_quantize_act_gathered with scales_by_block writes both). Needs a
 // compute capability 9.0 device, FP8 weights (not FP4), bf16 / f16 elem, gated concatenated
 // gate_up (or down), K a multiple of 16, 16-byte aligned weights and 128-row route tiles
-// (wgmma_fp8_applies in experts_plan.hpp).
+// (wgmma_fp8_applies in experts_plan.hpp). b_rows: weight rows per stage, 128 (gate_up items of
+// 64 output columns, down 128) or 256 (128 / 256; ExpertsPlan::b_rows says when).
 void launch_grouped_gemm_wgmma_fp8(const GroupedGemmArgs& a, const QuantWeightArgs& w,
-                                   const uint8_t* aq, const float* as_by_block,
+                                   const uint8_t* aq, const float* as_by_block, int b_rows,
                                    cudaStream_t stream);
 // The same for tiles of one or a few rows (decode): 16-byte weight loads, K a multiple of 16
 // (FP8) / 32 (FP4), 16-byte aligned weights. max_tile_rows: the most rows a tile can hold (1
