@@ -120,6 +120,11 @@ __host__ __device__ constexpr bool wgmma_staged_epilogue(GemmKind kind, int grou
          (kind == GemmKind::kDown && WgmmaFormat<T>::kScaled);
 }
 
+// Output columns the staged epilogue holds in shared memory at once: an item's BN, at most 128
+// (the FP8 down GEMM's 256-column items go through in two passes, so their block costs no
+// stage of the ring).
+__host__ __device__ constexpr int staged_epilogue_cols(int bn) { return bn > 128 ? 128 : bn; }
+
 // Shared memory of one kernel instance: the ring (STAGES x (A stage + B stage)), the staged
 // epilogue's blocks (one per consumer warpgroup, its rows x BN columns of T; none where the
 // epilogue stores straight from the accumulators), the full / empty barriers. The kernel and
@@ -133,7 +138,7 @@ struct WgmmaSmem {
   static constexpr int kEpiOffset = STAGES * (kAStage + kBStage);
   static constexpr int kEpiWgBytes =
       wgmma_staged_epilogue<T>(kKind, kGroups)
-          ? 64 * (kPingPong ? 2 : 1) * (kBRows / kGroups) *
+          ? 64 * (kPingPong ? 2 : 1) * staged_epilogue_cols(kBRows / kGroups) *
                 int(sizeof(typename WgmmaFormat<T>::Out))
           : 0;
   static constexpr int kBarOffset = kEpiOffset + kConsumers * kEpiWgBytes;
@@ -185,56 +190,64 @@ __device__ __forceinline__ void staged_epilogue(const float (&acc)[kHalves][NACC
                                                         int row_start, int tile_rows, int wg_row0,
                                                         unsigned char* epi, int bar, int warp,
                                                         int lane, int tid_wg) {
-  constexpr int kRowBytes = BN * int(sizeof(T));
-  constexpr int kChunks = BN / 8;      // 16-byte chunks per row
+  constexpr int kCols = staged_epilogue_cols(BN);  // columns of one pass
+  static_assert(BN % kCols == 0 && (kGroups == 1 || kCols == BN), "passes of whole columns");
+  constexpr int kRowBytes = kCols * int(sizeof(T));
+  constexpr int kChunks = kCols / 8;   // 16-byte chunks per row of a pass
   constexpr int kRows = 64 * kHalves;  // rows of this warpgroup's block
   const uint32_t epi_u32 = smem_u32(epi);
-  sm90::named_bar_sync(bar, 128);
-  auto stage = [&](auto fast) {
-#pragma unroll
-    for (int m = 0; m < kHalves; ++m) {
-      // stmatrix row address of this lane: matrix lane / 8 = (8 rows h, chunk 2 q + s).
-      const int lrow = m * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-      for (int q = 0; q < BN / 16; ++q) {
-        uint32_t r[4];
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          const int i = 2 * q + (s >> 1), h = s & 1;
-          const float ga = acc[m][4 * i + 2 * h], gb = acc[m][4 * i + 2 * h + 1];
-          const float ua = kGroups == 2 ? acc[m][(4 * (i + BN / 8) + 2 * h) % NACC] : 0.f;
-          const float ub = kGroups == 2 ? acc[m][(4 * (i + BN / 8) + 2 * h + 1) % NACC] : 0.f;
-          float va, vb;
-          if constexpr (decltype(fast)::value) {
-            va = kGroups == 2 ? silu(ga) * ua : ga;
-            vb = kGroups == 2 ? silu(gb) * ub : gb;
-          } else {
-            const int j = n0 + 8 * i + 2 * (lane % 4);
-            va = j < p.N ? epilogue_value<T, kKind, kGroups>(p, expert, j, ga, ua) : 0.f;
-            vb = j + 1 < p.N ? epilogue_value<T, kKind, kGroups>(p, expert, j + 1, gb, ub) : 0.f;
-          }
-          r[s] = pack2<T>(va, vb);
-        }
-        const int ch = 2 * q + (lane >> 4);
-        sm90::stmatrix_x4(epi_u32 + lrow * kRowBytes + ((ch ^ (lrow & 7)) << 4), r[0], r[1], r[2],
-                          r[3]);
-      }
-    }
-  };
+  T* out = static_cast<T*>(p.out);
   // SiLU without bias (every gated model but gpt-oss), or down without bias, skips the
   // per-output dispatch.
-  if ((kGroups == 1 || p.ap.act == 0) && p.bias == nullptr) stage(std::true_type{});
-  else stage(std::false_type{});
-  sm90::named_bar_sync(bar, 128);
-  T* out = static_cast<T*>(p.out);
+  const bool fast_values = (kGroups == 1 || p.ap.act == 0) && p.bias == nullptr;
 #pragma unroll
-  for (int s = 0; s < kRows * kChunks / 128; ++s) {
-    const int idx = s * 128 + tid_wg, row = idx / kChunks, ch = idx % kChunks;
-    const int col = n0 + 8 * ch;
-    if (wg_row0 + row < tile_rows && col < p.N) {
-      const unsigned char* src = epi + row * kRowBytes + ((ch ^ (row & 7)) << 4);
-      const uint4 v = *reinterpret_cast<const uint4*>(src);
-      *reinterpret_cast<uint4*>(out + int64_t(row_start + wg_row0 + row) * p.N + col) = v;
+  for (int pass = 0; pass < BN / kCols; ++pass) {
+    sm90::named_bar_sync(bar, 128);
+    auto stage = [&](auto fast) {
+#pragma unroll
+      for (int m = 0; m < kHalves; ++m) {
+        // stmatrix row address of this lane: matrix lane / 8 = (8 rows h, chunk 2 q + s).
+        const int lrow = m * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int q = 0; q < kCols / 16; ++q) {
+          uint32_t r[4];
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            // i: the 8-column chunk of the item (accumulator registers 4 i .. 4 i + 3).
+            const int i = pass * kChunks + 2 * q + (s >> 1), h = s & 1;
+            const float ga = acc[m][4 * i + 2 * h], gb = acc[m][4 * i + 2 * h + 1];
+            const float ua = kGroups == 2 ? acc[m][(4 * (i + BN / 8) + 2 * h) % NACC] : 0.f;
+            const float ub = kGroups == 2 ? acc[m][(4 * (i + BN / 8) + 2 * h + 1) % NACC] : 0.f;
+            float va, vb;
+            if constexpr (decltype(fast)::value) {
+              va = kGroups == 2 ? silu(ga) * ua : ga;
+              vb = kGroups == 2 ? silu(gb) * ub : gb;
+            } else {
+              const int j = n0 + 8 * i + 2 * (lane % 4);
+              va = j < p.N ? epilogue_value<T, kKind, kGroups>(p, expert, j, ga, ua) : 0.f;
+              vb = j + 1 < p.N ? epilogue_value<T, kKind, kGroups>(p, expert, j + 1, gb, ub)
+                               : 0.f;
+            }
+            r[s] = pack2<T>(va, vb);
+          }
+          const int ch = 2 * q + (lane >> 4);
+          sm90::stmatrix_x4(epi_u32 + lrow * kRowBytes + ((ch ^ (lrow & 7)) << 4), r[0], r[1],
+                            r[2], r[3]);
+        }
+      }
+    };
+    if (fast_values) stage(std::true_type{});
+    else stage(std::false_type{});
+    sm90::named_bar_sync(bar, 128);
+#pragma unroll
+    for (int s = 0; s < kRows * kChunks / 128; ++s) {
+      const int idx = s * 128 + tid_wg, row = idx / kChunks, ch = idx % kChunks;
+      const int col = n0 + pass * kCols + 8 * ch;
+      if (wg_row0 + row < tile_rows && col < p.N) {
+        const unsigned char* src = epi + row * kRowBytes + ((ch ^ (row & 7)) << 4);
+        const uint4 v = *reinterpret_cast<const uint4*>(src);
+        *reinterpret_cast<uint4*>(out + int64_t(row_start + wg_row0 + row) * p.N + col) = v;
+      }
     }
   }
 }
