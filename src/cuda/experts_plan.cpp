@@ -117,10 +117,10 @@ bool quant_gemv_preferred(const ExpertsShape& s, const DeviceTraits& d) {
 }
 
 // The FP8 wgmma kernel's stage width: 256 weight rows (gate_up items of 128 output columns, 128
-// gate + 128 up rows; down items of 256 columns, 3 stages) where the experts average at least 8
-// rows, else 128 (64 / 128 columns, twice the items). The wide items read each A tile from L2
-// once for twice the MMAs, and the FP8 kernel at 128 weight rows streams 32 KB a stage for its
-// 128 x 128 x 128 block, which bound it. 32 DeepSeek-V3-sized experts, k = 8, H100
+// gate + 128 up rows; down items of 256 columns, two scale blocks) where the experts average at
+// least 8 rows, else 128 (64 / 128 columns, twice the items). The wide items read each A tile
+// from L2 once for twice the MMAs; at 128 weight rows the kernel streamed 32 KB a stage for its
+// 128 x 128 x 128 block, which held it back. 32 DeepSeek-V3-sized experts, k = 8, H100
 // (docs/cuda.md): T = 4096 / 16384 4.17-4.21 / 17.09-17.12 -> 3.38-3.39 / 13.75-13.76 ms, T = 32
 // (8 rows per expert) 0.575 -> 0.551.
 int fp8_wgmma_b_rows(const ExpertsShape& s) {
