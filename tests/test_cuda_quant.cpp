@@ -50,17 +50,17 @@ ExpertsSpec quant_spec(bool fp4, DType scale_dtype, int64_t E, int64_t H, int64_
 
 Tensor on_gpu(const Tensor& t) { return t.defined() ? t.to(Device::cuda()) : t; }
 
-// grouped_mm with its quantized plan on the CUDA-core tiles wherever the policy picks the FP8
-// wgmma kernel (what other GPUs run), so the two paths can be compared on one device.
-class GroupedMmQuantTiles final : public moex::cuda::CudaExpertsBackend {
+// grouped_mm with its plan edited wherever the policy picks the FP8 wgmma kernel (test backends).
+class GroupedMmEditedFp8Plan : public moex::cuda::CudaExpertsBackend {
  protected:
-  std::string description() const override { return "grouped_mm on CUDA-core quantized tiles (tests)"; }
+  virtual moex::cuda::ExpertsPlan edit(const moex::cuda::ExpertsShape& s,
+                                       const moex::cuda::DeviceTraits& d,
+                                       moex::cuda::ExpertsPlan p) const = 0;
   moex::cuda::ExpertsPlan plan(const moex::cuda::ExpertsArgs& a,
                                const moex::cuda::DeviceTraits& d) const override {
     const moex::cuda::ExpertsShape s = moex::cuda::shape_of(a);
     moex::cuda::ExpertsPlan p = moex::cuda::plan_grouped_mm(s, d);
-    if (p.gemm == moex::cuda::GemmPath::kWgmmaFp8)
-      p = moex::cuda::plan_grouped_mm(s, moex::cuda::DeviceTraits{8, 0, d.sm_count});
+    if (p.gemm == moex::cuda::GemmPath::kWgmmaFp8) p = edit(s, d, p);
     moex::cuda::check_plan(p, s, d);
     return p;
   }
@@ -73,30 +73,29 @@ class GroupedMmQuantTiles final : public moex::cuda::CudaExpertsBackend {
     moex::cuda::grouped_mm_experts(a, p, ws, st);
   }
 };
+
+// The CUDA-core tiles (what other GPUs run), so the two paths can be compared on one device.
+class GroupedMmQuantTiles final : public GroupedMmEditedFp8Plan {
+ protected:
+  std::string description() const override { return "grouped_mm on CUDA-core quantized tiles (tests)"; }
+  moex::cuda::ExpertsPlan edit(const moex::cuda::ExpertsShape& s, const moex::cuda::DeviceTraits& d,
+                               moex::cuda::ExpertsPlan) const override {
+    return moex::cuda::plan_grouped_mm(s, moex::cuda::DeviceTraits{8, 0, d.sm_count});
+  }
+};
 MOEX_REGISTER_EXPERTS_BACKEND("grouped_mm_quant_tiles", GroupedMmQuantTiles);
 
-// grouped_mm with the FP8 wgmma kernel's other stage width (128 <-> 256 weight rows) wherever the
-// policy picks that kernel, so both widths run on every shape the tests use.
-class GroupedMmFp8OtherWidth final : public moex::cuda::CudaExpertsBackend {
+// The FP8 wgmma kernel's other stage width (128 <-> 256 weight rows), so both widths run on
+// every shape the tests use.
+class GroupedMmFp8OtherWidth final : public GroupedMmEditedFp8Plan {
  protected:
   std::string description() const override {
     return "grouped_mm, FP8 wgmma with the other stage width (tests)";
   }
-  moex::cuda::ExpertsPlan plan(const moex::cuda::ExpertsArgs& a,
-                               const moex::cuda::DeviceTraits& d) const override {
-    const moex::cuda::ExpertsShape s = moex::cuda::shape_of(a);
-    moex::cuda::ExpertsPlan p = moex::cuda::plan_grouped_mm(s, d);
-    if (p.gemm == moex::cuda::GemmPath::kWgmmaFp8) p.b_rows = p.b_rows == 256 ? 128 : 256;
-    moex::cuda::check_plan(p, s, d);
+  moex::cuda::ExpertsPlan edit(const moex::cuda::ExpertsShape&, const moex::cuda::DeviceTraits&,
+                               moex::cuda::ExpertsPlan p) const override {
+    p.b_rows = p.b_rows == 256 ? 128 : 256;
     return p;
-  }
-  size_t workspace_bytes(const moex::cuda::ExpertsArgs& a,
-                         const moex::cuda::ExpertsPlan& p) const override {
-    return moex::cuda::grouped_mm_workspace_bytes(a, p);
-  }
-  void run(const moex::cuda::ExpertsArgs& a, const moex::cuda::ExpertsPlan& p, void* ws,
-           cudaStream_t st) const override {
-    moex::cuda::grouped_mm_experts(a, p, ws, st);
   }
 };
 MOEX_REGISTER_EXPERTS_BACKEND("grouped_mm_fp8_other_width", GroupedMmFp8OtherWidth);
