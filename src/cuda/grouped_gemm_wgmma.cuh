@@ -186,10 +186,10 @@ __device__ __forceinline__ WorkItem work_item(int item, int nblocks, const Tile*
 // epilogue is a larger share of an item than gate_up's 56.)
 template <class T, GemmKind kKind, int kGroups, int BN, int kHalves, int NACC>
 __device__ __forceinline__ void staged_epilogue(const float (&acc)[kHalves][NACC],
-                                                        const GemmParams& p, int expert, int n0,
-                                                        int row_start, int tile_rows, int wg_row0,
-                                                        unsigned char* epi, int bar, int warp,
-                                                        int lane, int tid_wg) {
+                                                const GemmParams& p, int expert, int n0,
+                                                int row_start, int tile_rows, int wg_row0,
+                                                unsigned char* epi, int bar, int warp, int lane,
+                                                int tid_wg) {
   constexpr int kCols = staged_epilogue_cols(BN);  // columns of one pass
   static_assert(BN % kCols == 0 && (kGroups == 1 || kCols == BN), "passes of whole columns");
   constexpr int kRowBytes = kCols * int(sizeof(T));
@@ -468,7 +468,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
     // FP8: the current part's block sums (128 weight rows of the stage), before their scales
     // (see the file's top note).
     constexpr int NPART = kScaled ? 64 : 1;
-    [[maybe_unused]] float part[1][NPART];
+    [[maybe_unused]] float part[NPART];
     int it = 0;
     const int my_items = (items - first + stride - 1) / stride;
     // Releases stage `st` (its MMAs have retired): in this CTA, and in the partner's whose
@@ -550,7 +550,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
           // once for twice the MMAs of a 64-column item.
           const uint64_t da =
               sm90::desc_k_major_sw128(a_smem + s * S::kAStage + c * 64 * kWgmmaRowBytes);
-          // This K block's scale products, scale[h][g] = sa[0][h] x sb[g], formed once its first
+          // This K block's scale products, scale[h][j] = sa[0][h] x sb[j], formed once its first
           // MMAs are issued: an item's first block's scales were requested just before its
           // full-barrier wait, and their latency (a DRAM miss at a new tile or expert) passes
           // behind the MMAs instead of before them.
@@ -559,13 +559,13 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
           for (int q = 0; q < kFp8Parts; ++q) {
             const uint64_t db = sm90::desc_k_major_sw128(b_smem + s * S::kBStage +
                                                          q * 128 * kWgmmaRowBytes);
-            sm90::fence_accumulators<NPART>(part[0]);
+            sm90::fence_accumulators<NPART>(part);
             sm90::wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks)
-              sm90::wgmma_m64n128k32_e4m3(part[0], da + 2 * ks, db + 2 * ks, ks > 0);
+              sm90::wgmma_m64n128k32_e4m3(part, da + 2 * ks, db + 2 * ks, ks > 0);
             sm90::wgmma_commit();
-            sm90::fence_accumulators<NPART>(part[0]);
+            sm90::fence_accumulators<NPART>(part);
             if (q == 0) {
 #pragma unroll
               for (int h = 0; h < 2; ++h)
@@ -577,7 +577,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
             // of this warpgroup stays in flight here; the other consumer warpgroup's MMAs keep
             // the tensor cores busy.
             sm90::wgmma_wait<0>();
-            sm90::fence_accumulators<NPART>(part[0]);
+            sm90::fence_accumulators<NPART>(part);
             if (q == kFp8Parts - 1) release(s);
 #pragma unroll
             for (int i = 0; i < NPART; ++i) {
@@ -587,7 +587,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
               const int r = q * kPartRows + 8 * (i / 4);
               const int j = (r / BN) * kSbPerGroup + (r % BN) / 128;
               float& o = acc[0][q * NPART + i];
-              o = fmaf(part[0][i], scale[(i >> 1) & 1][j], o);
+              o = fmaf(part[i], scale[(i >> 1) & 1][j], o);
             }
           }
         } else {

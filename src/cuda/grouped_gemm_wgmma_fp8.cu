@@ -29,6 +29,7 @@ void launch_grouped_gemm_wgmma_fp8(const GroupedGemmArgs& a, const QuantWeightAr
     throw Error("launch_grouped_gemm_wgmma_fp8: " + why);
   };
   if (w.fp4 || w.block_n != kQuantBlockK) fail("FP8 weights with 128 x 128 scale blocks only");
+  if (b_rows != 128 && b_rows != 256) fail("stages of 128 or 256 weight rows only");
   if (a.elem == Elem::kF32) fail("bf16 / f16 activations only");
   if (a.kind == GemmKind::kGateUp && !(a.gated && a.concatenated))
     fail("gate_up must be gated with gate and up concatenated");
@@ -43,7 +44,6 @@ void launch_grouped_gemm_wgmma_fp8(const GroupedGemmArgs& a, const QuantWeightAr
   sc.b_expert_stride = w.scale_expert_stride;
   sc.kb = (a.K + kQuantBlockK - 1) / kQuantBlockK;
   sc.up_row0 = a.kind == GemmKind::kGateUp ? (a.N + kQuantBlockK - 1) / kQuantBlockK : 0;
-  if (b_rows != 128 && b_rows != 256) fail("stages of 128 or 256 weight rows only");
   const bool wide = b_rows == 256;
   const bool bf = a.elem == Elem::kBF16;
   if (bf && w.scale_e8m0) launch_fp8<__nv_bfloat16, true>(g, sc, wide, stream);
