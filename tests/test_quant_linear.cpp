@@ -16,7 +16,9 @@
 #include "ops/ops.hpp"
 
 #ifdef MOEX_WITH_CUDA
+#include "cuda/experts_ops.hpp"
 #include "cuda/runtime.hpp"
+#include "ops/cuda/cuda_ops.hpp"
 #endif
 
 namespace moex {
@@ -187,6 +189,40 @@ TEST(QuantLinear, CudaMatchesFloat64Reference) {
           EXPECT_LE(rel_l2(y, reference(c, m)), 4e-6) << name_of(c) << " seed " << seed;
         }
     }
+}
+
+// bf16 activations on the GPU: beyond 16 rows the FP8 weights run on Hopper's tensor cores (the
+// experts' FP8 wgmma kernel, the weight as one expert; the test checks that path is the one
+// taken), elsewhere on the tile kernel. The reference gets x and the bias rounded to bf16 as the
+// call does; the bound covers the bf16 output rounding (about 2^-9 relative per element) and the
+// tensor cores' coarser FP8 block sums. Shapes: N not a multiple of 8 (stores from the
+// accumulators), of 128 and of 256 (partial column blocks), K tails, 17 to 300 rows (partial and
+// several 128-row tiles), with and without bias.
+TEST(QuantLinear, CudaBf16MatchesFloat64Reference) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const bool hopper = cuda::traits_of(cuda::current_device()).hopper();
+  uint64_t seed = 9876;
+  for (DType sd : {DType::kF32, DType::kF8E8M0})
+    for (int64_t rows : {17, 64, 129, 300})
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{19, 224}, {130, 1056}, {264, 2048},
+                          {257, 128}, {33, 1000}}) {
+        const Case c{QuantScheme::Kind::kFp8E4M3, sd, rows, n, k, n != 257};
+        Made m = make(c, ++seed);
+        m.x = m.x.to(DType::kBF16).to(DType::kF32);
+        if (c.bias) m.bias = m.bias.to(DType::kBF16).to(DType::kF32);
+        const Device gpu = Device::cuda();
+        const ops::LinearWeight w =
+            ops::prepare_quantized_linear(m.codes.to(gpu), m.scale.to(gpu), m.scheme, c.n, c.k);
+        if (hopper)
+          EXPECT_EQ(ops::cuda::linear_quantized_on_tensor_cores(rows, w, DType::kBF16, gpu.index),
+                    k % 16 == 0)
+              << name_of(c);
+        const Tensor x = m.x.to(DType::kBF16).to(gpu);
+        const Tensor b = c.bias ? m.bias.to(DType::kBF16).to(gpu) : Tensor();
+        const Tensor y = ops::linear(x, w, b, DType::kBF16).to(Device::cpu()).to(DType::kF32);
+        ASSERT_EQ(y.shape(), (Shape{c.rows, c.n}));
+        EXPECT_LE(rel_l2(y, reference(c, m)), 4e-3) << name_of(c) << " seed " << seed;
+      }
 }
 #endif
 

@@ -12,8 +12,10 @@
 //
 // Backends: deepgemm_contiguous / deepgemm_masked (the layout forced, tiles as the policy's;
 // the policy runs the contiguous one), deepgemm_tiles128 and grouped_mm_tiles128 (128-row tiles
-// where the policy takes 64; layout as the policy's). Measured with it: docs/cuda.md, "The two
-// layouts, measured", and docs/measurements/h100_2026-12-05_deepgemm_layouts_and_fp8_tiles.log.
+// where the policy takes 64; layout as the policy's), sonicmoe_rasterN and grouped_mm_rasterN
+// (raster groups of about N = 4 / 16 / 32 128-row tiles where the policy takes 8). Measured with
+// it: docs/cuda.md, "The two layouts, measured" and "sonicmoe: the fused path", and
+// docs/measurements/h100_2026-12-05_deepgemm_layouts_and_fp8_tiles.log.
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,7 +31,8 @@ using namespace moex::cuda;
 class PlanVariant final : public CudaExpertsBackend {
  public:
   using Planner = std::function<ExpertsPlan(const ExpertsShape&, const DeviceTraits&)>;
-  PlanVariant(std::string what, Planner planner) : what_(std::move(what)), planner_(planner) {}
+  PlanVariant(std::string what, Planner planner, bool fused = false)
+      : what_(std::move(what)), planner_(planner), fused_(fused) {}
 
  protected:
   std::string description() const override { return what_; }
@@ -40,15 +43,19 @@ class PlanVariant final : public CudaExpertsBackend {
     return p;
   }
   size_t workspace_bytes(const ExpertsArgs& a, const ExpertsPlan& p) const override {
-    return grouped_mm_workspace_bytes(a, p);
+    return fused_ ? sonicmoe_workspace_bytes(a, p) : grouped_mm_workspace_bytes(a, p);
   }
   void run(const ExpertsArgs& a, const ExpertsPlan& p, void* ws, cudaStream_t s) const override {
-    grouped_mm_experts(a, p, ws, s);
+    if (fused_)
+      sonicmoe_experts(a, p, ws, s);
+    else
+      grouped_mm_experts(a, p, ws, s);
   }
 
  private:
   std::string what_;
   Planner planner_;
+  bool fused_;
 };
 
 bool masked_fits(const ExpertsShape& s) { return int64_t(s.experts) * s.tokens >= s.pairs; }
@@ -62,9 +69,16 @@ ExpertsPlan tiles128(ExpertsPlan p) {
   return p;
 }
 
+// Raster groups of about `tiles` 128-row tiles (the policy's are 8 = ~1024 rows of one expert).
+ExpertsPlan raster(ExpertsPlan p, int tiles) {
+  if (p.tile_rows == 128) p.raster_tiles = tiles;
+  return p;
+}
+
 void register_all() {
-  auto reg = [](const char* name, const char* what, PlanVariant::Planner f) {
-    moex::register_experts_backend(name, std::make_shared<PlanVariant>(what, std::move(f)));
+  auto reg = [](const std::string& name, const std::string& what, PlanVariant::Planner f,
+                bool fused = false) {
+    moex::register_experts_backend(name, std::make_shared<PlanVariant>(what, std::move(f), fused));
   };
   reg("deepgemm_contiguous", "deepgemm, contiguous layout at every size (lab)",
       [](const ExpertsShape& s, const DeviceTraits& d) {
@@ -82,6 +96,19 @@ void register_all() {
       [](const ExpertsShape& s, const DeviceTraits& d) { return tiles128(plan_deepgemm(s, d)); });
   reg("grouped_mm_tiles128", "grouped_mm, 128-row wgmma tiles where it takes 64 (lab)",
       [](const ExpertsShape& s, const DeviceTraits& d) { return tiles128(plan_grouped_mm(s, d)); });
+  // Raster groups of 4 / 16 / 32 tiles for the fused path (A read in place) and grouped_mm.
+  for (int t : {4, 16, 32}) {
+    const std::string n = std::to_string(t);
+    reg("sonicmoe_raster" + n, "sonicmoe, raster groups of ~" + n + " tiles (lab)",
+        [t](const ExpertsShape& s, const DeviceTraits& d) {
+          return raster(plan_sonicmoe(s, d), t);
+        },
+        true);
+    reg("grouped_mm_raster" + n, "grouped_mm, raster groups of ~" + n + " tiles (lab)",
+        [t](const ExpertsShape& s, const DeviceTraits& d) {
+          return raster(plan_grouped_mm(s, d), t);
+        });
+  }
 }
 
 const bool registered = (register_all(), true);

@@ -66,6 +66,37 @@ void launch_route_masked(const void* idx, bool index_i64, int64_t pairs, int exp
                sorted_pair, pos_of_pair, tiles, max_tiles, num_tiles, stream);
 }
 
+void launch_linear_quant_wgmma(const void* x, Elem elem, int64_t rows, int K, int N,
+                               const void* w, const QuantWeightArgs& qw, const void* bias,
+                               void* out, uint8_t* codes, float* scales, Tile* tiles,
+                               int* num_tiles, cudaStream_t stream) {
+  if (rows <= 0 || N <= 0) return;
+  if (rows > (int64_t(1) << 30)) throw Error("launch_linear_quant_wgmma: rows past 2^30");
+  constexpr int kTileRows = 128, kRasterTiles = 8;
+  const int max_tiles = int((rows + kTileRows - 1) / kTileRows);
+  linear_tiles_kernel<<<1, 256, 0, stream>>>(int(rows), kTileRows, kRasterTiles, tiles, num_tiles);
+  MOEX_CUDA_CHECK_LAUNCH(linear_tiles_kernel);
+  launch_quantize_act_gathered(x, elem, nullptr, 0, rows, K, nullptr, codes, scales,
+                               /*scales_by_block=*/true, stream);
+  GroupedGemmArgs g;
+  g.kind = GemmKind::kDown;  // one weight, y rounded to elem: the down GEMM's contract
+  g.elem = elem;
+  g.tiles = tiles;
+  g.num_tiles = num_tiles;
+  g.max_tiles = max_tiles;
+  g.w = w;
+  g.w_expert_stride = int64_t(N) * K;
+  g.ldw = K;
+  g.bias = bias;
+  g.K = K;
+  g.N = N;
+  g.out = out;
+  g.out_elem = true;
+  g.a_rows = rows;
+  g.w_rows_total = N;
+  launch_grouped_gemm_wgmma_fp8(g, qw, codes, scales, kLinearWgmmaBRows, stream);
+}
+
 // ---------------------------------------------------------------- grouped GEMMs
 
 void launch_grouped_gemm_mma(const GroupedGemmArgs& a, int tile_rows, cudaStream_t stream) {

@@ -18,6 +18,28 @@ namespace moex::cuda {
 
 constexpr int kRouteThreads = 1024;
 
+// Tile j of an expert's n tiles: its raster group's (size << 16) | index within the group
+// (Tile::group). The n tiles are cut into G = max(1, round(n / raster_tiles)) groups whose sizes
+// differ by at most one (the first n % G have one tile more).
+__device__ __forceinline__ int raster_group(int j, int n, int raster_tiles) {
+  const int groups = max(1, (n + raster_tiles / 2) / raster_tiles);
+  const int q = n / groups, big = n % groups;  // sizes: q + 1 (the first `big`), then q
+  const int jb = j - big * (q + 1);
+  const int size = jb < 0 ? q + 1 : q, within = jb < 0 ? j % (q + 1) : jb % q;
+  return (size << 16) | within;
+}
+
+// The tile table of one weight matrix over `rows` rows in order (a linear layer run by the
+// grouped kernels as one expert): tiles of tile_rows rows, raster groups as route_by_expert's.
+__global__ void linear_tiles_kernel(int rows, int tile_rows, int raster_tiles, Tile* tiles,
+                                    int* num_tiles) {
+  const int n = (rows + tile_rows - 1) / tile_rows;
+  for (int j = threadIdx.x; j < n; j += blockDim.x)
+    tiles[j] = Tile{0, j * tile_rows, min(tile_rows, rows - j * tile_rows),
+                    raster_group(j, n, raster_tiles)};
+  if (threadIdx.x == 0) *num_tiles = n;
+}
+
 template <class Index>
 __device__ __forceinline__ int load_expert(const Index* idx, int64_t p, int experts) {
   int64_t id = int64_t(idx[p]);
@@ -109,13 +131,8 @@ __global__ void __launch_bounds__(kRouteThreads)
     int t = tile_first[e];
     const int count_e = count[e];
     const int n = (count_e + tile_rows - 1) / tile_rows;
-    const int groups = max(1, (n + raster_tiles / 2) / raster_tiles);
-    const int q = n / groups, big = n % groups;  // sizes: q + 1 (the first `big`), then q
-    for (int j = 0, r = 0; r < count_e && t < max_tiles; r += tile_rows, ++t, ++j) {
-      const int jb = j - big * (q + 1);
-      const int size = jb < 0 ? q + 1 : q, within = jb < 0 ? j % (q + 1) : jb % q;
-      tiles[t] = Tile{e, start + r, min(tile_rows, count_e - r), (size << 16) | within};
-    }
+    for (int j = 0, r = 0; r < count_e && t < max_tiles; r += tile_rows, ++t, ++j)
+      tiles[t] = Tile{e, start + r, min(tile_rows, count_e - r), raster_group(j, n, raster_tiles)};
   }
   __syncthreads();
 

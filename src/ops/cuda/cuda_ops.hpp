@@ -98,6 +98,11 @@ std::vector<Tensor> norm_linears(Tensor& h, const Tensor* delta, const NormOf& n
                                  DType act, Tensor* x_out);
 // A block-quantized weight (LinearWeight::quantized()), linear_quant.cu.
 Tensor linear_quantized(const Tensor& x, const LinearWeight& w, const Tensor& bias, DType act);
+// Whether linear_quantized runs rows x w on the Hopper FP8 tensor cores (the experts' FP8
+// wgmma kernel): more rows than the GEMV takes, FP8 weights with 128 x 128 scale blocks, bf16 /
+// f16 activations, K a multiple of 16, a 16-byte aligned weight, an sm_90 device (and, checked
+// at the call, 16-byte aligned activations).
+bool linear_quantized_on_tensor_cores(int64_t rows, const LinearWeight& w, DType act, int device);
 // cuBLASLt strided batched (one call, one batch per group, blocks read in place), float32
 // accumulation, rounded once to act in the epilogue.
 Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_weight, DType act);

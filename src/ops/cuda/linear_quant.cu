@@ -3,12 +3,15 @@
 // block (e4m3, scale amax / 448) and multiplied with the weight blocks on the CUDA cores, fp32
 // sums per block with both scales applied per block, then the bias and one rounding to act:
 // include/moex/quant.hpp's math, the same as the host's src/cpu/quant_linear.cpp. Decode-sized
-// calls stream the weight through the quantized GEMV, larger ones through 32 x 32 tiles
+// calls stream the weight through the quantized GEMV; larger ones run on Hopper's FP8 tensor
+// cores (the experts' FP8 wgmma kernel with the weight as one expert: FP8 weights, bf16 / f16
+// activations, K a multiple of 16, aligned tensors), else through 32 x 32 CUDA-core tiles
 // (src/cuda/quant_gemm.cuh).
 //
 // Why not cuBLASLt's block-scaled FP8 matmul: it quantizes nothing itself and wants the scales
-// in its own layouts; the CUDA-core kernels give the reference math to float32 rounding. A
-// tensor-core FP8 path for prefill-sized calls belongs with the deepgemm work.
+// in its own layouts; the experts' kernel already takes 1 x 128 activation and 128 x 128 weight
+// scales and promotes each K block as the block-scaled math asks.
+#include "cuda/experts_ops.hpp"
 #include "cuda/launchers.hpp"
 #include "cuda/runtime.hpp"
 #include "moex/error.hpp"
@@ -27,7 +30,18 @@ moex::cuda::Elem elem_of(DType t) {
                         std::string(dtype_name(t)));
   }
 }
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 }  // namespace
+
+bool linear_quantized_on_tensor_cores(int64_t rows, const LinearWeight& w, DType act, int device) {
+  if (rows <= moex::cuda::kQuantLinearGemvMaxRows) return false;  // (the GEMV's)
+  if (w.quant.kind != QuantScheme::Kind::kFp8E4M3 || w.quant.block_n != 128 ||
+      w.quant.block_k != 128)
+    return false;
+  if ((act != DType::kBF16 && act != DType::kF16) || w.in % 16 != 0 || !aligned16(w.tensor.raw()))
+    return false;
+  return moex::cuda::traits_of(device).hopper();
+}
 
 Tensor linear_quantized(const Tensor& x, const LinearWeight& w, const Tensor& bias, DType act) {
   moex::cuda::DeviceGuard guard(x.device().index);
@@ -50,6 +64,17 @@ Tensor linear_quantized(const Tensor& x, const LinearWeight& w, const Tensor& bi
   qw.scale = w.scale.raw();
   qw.block_n = int(w.quant.block_n);
   cudaStream_t s = moex::cuda::current_stream();
+  if (linear_quantized_on_tensor_cores(rows, w, act, x.device().index) && aligned16(xa.raw())) {
+    // (scales by K block, [ceil(in/128), rows]: the wgmma kernel's layout, same size)
+    static_assert(sizeof(moex::cuda::Tile) == 4 * sizeof(int32_t));
+    Tensor tiles = Tensor::empty({(rows + 127) / 128, 4}, DType::kI32, x.device());
+    Tensor num_tiles = Tensor::empty({1}, DType::kI32, x.device());
+    moex::cuda::launch_linear_quant_wgmma(
+        xa.raw(), elem, rows, int(in), int(out), w.tensor.raw(), qw,
+        b.defined() ? b.raw() : nullptr, y.raw(), codes.data<uint8_t>(), scales.data<float>(),
+        reinterpret_cast<moex::cuda::Tile*>(tiles.data<int32_t>()), num_tiles.data<int32_t>(), s);
+    return y;
+  }
   moex::cuda::launch_quantize_act(xa.raw(), elem, rows, int(in), nullptr, codes.data<uint8_t>(),
                                   scales.data<float>(), s);
   moex::cuda::launch_linear_quant(codes.data<uint8_t>(), scales.data<float>(), rows, int(in), int(out),
