@@ -12,7 +12,8 @@
 //
 // Backends: deepgemm_contiguous / deepgemm_masked (the layout forced, tiles as the policy's;
 // the policy runs the contiguous one), deepgemm_tiles128 and grouped_mm_tiles128 (128-row tiles
-// where the policy takes 64; layout as the policy's), sonicmoe_rasterN and grouped_mm_rasterN
+// where the policy takes 64; layout as the policy's), deepgemm_b256 (FP8 stages of 256 weight
+// rows where the policy takes 128), sonicmoe_rasterN and grouped_mm_rasterN
 // (raster groups of about N = 4 / 16 / 32 128-row tiles where the policy takes 8). Measured with
 // it: docs/cuda.md, "The two layouts, measured" and "sonicmoe: the fused path", and
 // docs/measurements/h100_2026-12-05_deepgemm_layouts_and_fp8_tiles.log.
@@ -96,6 +97,12 @@ void register_all() {
       [](const ExpertsShape& s, const DeviceTraits& d) { return tiles128(plan_deepgemm(s, d)); });
   reg("grouped_mm_tiles128", "grouped_mm, 128-row wgmma tiles where it takes 64 (lab)",
       [](const ExpertsShape& s, const DeviceTraits& d) { return tiles128(plan_grouped_mm(s, d)); });
+  reg("deepgemm_b256", "deepgemm, FP8 stages of 256 weight rows at every size (lab)",
+      [](const ExpertsShape& s, const DeviceTraits& d) {
+        ExpertsPlan p = plan_deepgemm(s, d);
+        if (p.gemm == GemmPath::kWgmmaFp8) p.b_rows = 256;
+        return p;
+      });
   // Raster groups of 4 / 16 / 32 tiles for the fused path (A read in place) and grouped_mm.
   for (int t : {4, 16, 32}) {
     const std::string n = std::to_string(t);
