@@ -72,7 +72,7 @@ void launch_linear_quant_wgmma(const void* x, Elem elem, int64_t rows, int K, in
                                int* num_tiles, cudaStream_t stream) {
   if (rows <= 0 || N <= 0) return;
   if (rows > (int64_t(1) << 30)) throw Error("launch_linear_quant_wgmma: rows past 2^30");
-  constexpr int kTileRows = 128, kRasterTiles = 8;
+  constexpr int kTileRows = kLinearWgmmaTileRows, kRasterTiles = 8;
   const int max_tiles = int((rows + kTileRows - 1) / kTileRows);
   linear_tiles_kernel<<<1, 256, 0, stream>>>(int(rows), kTileRows, kRasterTiles, tiles, num_tiles);
   MOEX_CUDA_CHECK_LAUNCH(linear_tiles_kernel);

@@ -174,12 +174,13 @@ void launch_linear_quant(const uint8_t* aq, const float* as, int64_t rows, int K
                          const void* w, const QuantWeightArgs& qw, const void* bias, Elem elem,
                          void* out, cudaStream_t stream);
 // The same on the Hopper FP8 wgmma kernel (launch_grouped_gemm_wgmma_fp8, the weight as one
-// expert, its rows as 128-row tiles, stages of kLinearWgmmaBRows weight rows), from x itself:
-// x [rows, K] (bf16 / f16) quantized per 1 x 128 block into codes [rows, K] and scales by K
-// block [ceil(K/128), rows], the tile table written into tiles [ceil(rows/128)] and num_tiles
+// expert, its rows as kLinearWgmmaTileRows-row tiles, stages of kLinearWgmmaBRows weight rows),
+// from x itself: x [rows, K] (bf16 / f16) quantized per 1 x 128 block into codes [rows, K] and
+// scales by K block [ceil(K/128), rows], the tile table written into tiles
+// [ceil(rows / kLinearWgmmaTileRows)] and num_tiles
 // on the device. FP8 weights with 128 x 128 scale blocks, K a multiple of 16, 16-byte aligned x
 // and weight (ops::cuda::linear_quantized_on_tensor_cores).
-inline constexpr int kLinearWgmmaBRows = 256;
+inline constexpr int kLinearWgmmaBRows = 256, kLinearWgmmaTileRows = 128;
 void launch_linear_quant_wgmma(const void* x, Elem elem, int64_t rows, int K, int N,
                                const void* w, const QuantWeightArgs& qw, const void* bias,
                                void* out, uint8_t* codes, float* scales, Tile* tiles,

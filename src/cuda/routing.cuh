@@ -31,7 +31,8 @@ __device__ __forceinline__ int raster_group(int j, int n, int raster_tiles) {
 
 // The tile table of one weight matrix over `rows` rows in order (a linear layer run by the
 // grouped kernels as one expert): tiles of tile_rows rows, raster groups as route_by_expert's.
-__global__ void linear_tiles_kernel(int rows, int tile_rows, int raster_tiles, Tile* tiles,
+// (static: the header's only non-template kernel, so a second includer gets its own copy.)
+static __global__ void linear_tiles_kernel(int rows, int tile_rows, int raster_tiles, Tile* tiles,
                                     int* num_tiles) {
   const int n = (rows + tile_rows - 1) / tile_rows;
   for (int j = threadIdx.x; j < n; j += blockDim.x)

@@ -67,7 +67,8 @@ Tensor linear_quantized(const Tensor& x, const LinearWeight& w, const Tensor& bi
   if (linear_quantized_on_tensor_cores(rows, w, act, x.device().index) && aligned16(xa.raw())) {
     // (scales by K block, [ceil(in/128), rows]: the wgmma kernel's layout, same size)
     static_assert(sizeof(moex::cuda::Tile) == 4 * sizeof(int32_t));
-    Tensor tiles = Tensor::empty({(rows + 127) / 128, 4}, DType::kI32, x.device());
+    constexpr int64_t kTileRows = moex::cuda::kLinearWgmmaTileRows;
+    Tensor tiles = Tensor::empty({(rows + kTileRows - 1) / kTileRows, 4}, DType::kI32, x.device());
     Tensor num_tiles = Tensor::empty({1}, DType::kI32, x.device());
     moex::cuda::launch_linear_quant_wgmma(
         xa.raw(), elem, rows, int(in), int(out), w.tensor.raw(), qw,
