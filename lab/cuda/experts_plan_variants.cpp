@@ -14,9 +14,12 @@
 // the policy runs the contiguous one), deepgemm_tiles128 and grouped_mm_tiles128 (128-row tiles
 // where the policy takes 64; layout as the policy's), deepgemm_b256 (FP8 stages of 256 weight
 // rows where the policy takes 128), sonicmoe_rasterN and grouped_mm_rasterN
-// (raster groups of about N = 4 / 16 / 32 128-row tiles where the policy takes 8). Measured with
+// (raster groups of about N = 4 / 16 / 32 128-row tiles where the policy takes 8), and
+// grouped_mm_dyn / deepgemm_dyn (work items claimed at run time, where the policy keeps the
+// static schedule) and sonicmoe_static (the reverse). Measured with
 // it: docs/cuda.md, "The two layouts, measured" and "sonicmoe: the fused path", and
-// docs/measurements/h100_2026-12-05_deepgemm_layouts_and_fp8_tiles.log.
+// docs/measurements/h100_2026-12-05_deepgemm_layouts_and_fp8_tiles.log,
+// h100_2026-12-06_sonicmoe_dynamic_items_three_shapes.log.
 #include <functional>
 #include <memory>
 #include <string>
@@ -102,6 +105,27 @@ void register_all() {
         ExpertsPlan p = plan_deepgemm(s, d);
         if (p.gemm == GemmPath::kWgmmaFp8) p.b_rows = 256;
         return p;
+      });
+  // The wgmma kernels' schedule flipped: work items claimed at run time where the policy keeps
+  // the static round-robin share (grouped_mm, deepgemm), and the static share where it claims
+  // them (sonicmoe).
+  auto flipped = [](ExpertsPlan p) {
+    if (p.gemm == GemmPath::kWgmma || p.gemm == GemmPath::kWgmmaFp8)
+      p.dynamic_items = !p.dynamic_items;
+    return p;
+  };
+  reg("sonicmoe_static", "sonicmoe, static round-robin work items (lab)",
+      [flipped](const ExpertsShape& s, const DeviceTraits& d) {
+        return flipped(plan_sonicmoe(s, d));
+      },
+      true);
+  reg("grouped_mm_dyn", "grouped_mm, work items claimed at run time (lab)",
+      [flipped](const ExpertsShape& s, const DeviceTraits& d) {
+        return flipped(plan_grouped_mm(s, d));
+      });
+  reg("deepgemm_dyn", "deepgemm, work items claimed at run time (lab)",
+      [flipped](const ExpertsShape& s, const DeviceTraits& d) {
+        return flipped(plan_deepgemm(s, d));
       });
   // Raster groups of 4 / 16 / 32 tiles for the fused path (A read in place) and grouped_mm.
   for (int t : {4, 16, 32}) {

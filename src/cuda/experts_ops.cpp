@@ -24,6 +24,8 @@ struct Workspace {
   int* pos_of_pair;
   Tile* tiles;
   int* num_tiles;
+  int* claims_buffer;         // int[2], room for the dynamic schedule's counters
+  int* item_claims = nullptr;  // GroupedGemmArgs::item_claims: the buffer, when the plan claims
   void* h;      // [P, I] elem
   void* y;      // [P, H] fp32, or elem when y_elem (the fused and the FP8 wgmma paths)
   bool y_elem = false;
@@ -76,6 +78,7 @@ Workspace carve(const ExpertsArgs& a, int max_tiles, Extra extra, void* base,
   w.rows = P;
   w.tiles = reinterpret_cast<Tile*>(take(sizeof(Tile) * w.max_tiles));
   w.num_tiles = reinterpret_cast<int*>(take(sizeof(int)));
+  w.claims_buffer = reinterpret_cast<int*>(take(2 * sizeof(int)));
   w.h = take(es * P * a.intermediate);
   const bool fp8_wgmma = extra == Extra::kSortedA && a.quantized;
   w.y_elem = (extra == Extra::kFused || (fp8_wgmma && fp8_y_in_elem())) && a.elem != Elem::kF32;
@@ -108,6 +111,7 @@ GroupedGemmArgs gemm_args(const ExpertsArgs& a, const Workspace& w, GemmKind kin
   g.tiles = w.tiles;
   g.num_tiles = w.num_tiles;
   g.max_tiles = w.max_tiles;
+  g.item_claims = w.item_claims;
   g.transposed = a.transposed;
   g.gated = a.gated;
   g.concatenated = a.concatenated;
@@ -367,6 +371,16 @@ Workspace carve_grouped(const ExpertsArgs& a, const ExpertsPlan& plan, void* bas
 }
 }  // namespace
 
+namespace {
+// The dynamic schedule's counters start at zero (the kernel leaves them so, but the workspace
+// may have held anything before), else no claims: the GEMMs keep the static schedule.
+void prepare_item_claims(Workspace& w, const ExpertsPlan& plan, cudaStream_t s) {
+  if (!plan.dynamic_items) return;
+  w.item_claims = w.claims_buffer;
+  MOEX_CUDA_CHECK(cudaMemsetAsync(w.item_claims, 0, 2 * sizeof(int), s));
+}
+}  // namespace
+
 size_t sonicmoe_workspace_bytes(const ExpertsArgs& a, const ExpertsPlan& plan) {
   return carve(a, int(route_max_tiles(pairs_of(a), a.experts, plan.tile_rows)), Extra::kFused,
                nullptr)
@@ -381,6 +395,7 @@ void sonicmoe_experts(const ExpertsArgs& a, const ExpertsPlan& plan, void* works
   const int64_t P = pairs_of(a);
   Workspace w = carve(a, int(route_max_tiles(P, a.experts, plan.tile_rows)), Extra::kFused,
                       workspace);
+  prepare_item_claims(w, plan, s);
   launch_route_by_expert(a.top_k_index, a.index_i64, P, a.experts, plan.tile_rows,
                          plan.raster_tiles, w.offsets, w.sorted_pair, w.pos_of_pair, w.tiles,
                          w.max_tiles, w.num_tiles, s);
@@ -405,6 +420,7 @@ void grouped_mm_experts(const ExpertsArgs& a, const ExpertsPlan& plan, void* wor
   if (a.tokens <= 0) return;
   const int64_t P = pairs_of(a);
   Workspace w = carve_grouped(a, plan, workspace);
+  prepare_item_claims(w, plan, s);
   if (plan.masked)
     launch_route_masked(a.top_k_index, a.index_i64, P, a.experts, int(masked_rows_of(a)),
                         plan.tile_rows, plan.raster_tiles, w.offsets, w.sorted_pair, w.pos_of_pair,

@@ -67,12 +67,19 @@ struct ExpertsPlan {
   // layout's P positions in expert order. Same tiles and kernels; no policy picks it (measured
   // no faster, docs/cuda.md), tests and lab/cuda/experts_plan_variants.cpp set it.
   bool masked = false;
+  // kWgmma / kWgmmaFp8, cooperative single-CTA instances: each CTA claims its next work item
+  // from a counter when its producer is ready for one, instead of the fixed round-robin share
+  // (the kernel's dynamic schedule; ping-pong and cluster instances keep the static one).
+  bool dynamic_items = false;
 
   bool cluster_pairs() const { return gemm == GemmPath::kWgmma && tile_rows == 256; }
   bool operator==(const ExpertsPlan&) const = default;
   // One line for logs and `--explain`: "TMA + wgmma (sm_90a) tiles of 128 rows, down GEMM on
   // ping-pong warpgroups".
   std::string describe() const;
+
+ private:
+  std::string describe_path() const;
 };
 
 // Whether the tensor-core kernels serve both GEMMs of this shape (layout, sizes, alignment).

@@ -38,6 +38,7 @@ struct GemmParams {
   const void* pair_expert;  // GroupedGemmArgs::pair_expert
   bool pair_i64;
   int experts;
+  int* item_claims;  // GroupedGemmArgs::item_claims
 };
 
 inline GemmParams to_params(const GroupedGemmArgs& g) {
@@ -62,6 +63,7 @@ inline GemmParams to_params(const GroupedGemmArgs& g) {
   p.pair_expert = g.pair_expert;
   p.pair_i64 = g.pair_i64;
   p.experts = g.experts;
+  p.item_claims = g.item_claims;
   return p;
 }
 

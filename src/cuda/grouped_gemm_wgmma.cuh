@@ -142,8 +142,12 @@ struct WgmmaSmem {
                 int(sizeof(typename WgmmaFormat<T>::Out))
           : 0;
   static constexpr int kBarOffset = kEpiOffset + kConsumers * kEpiWgBytes;
-  // + barriers, + 1 KiB to align the dynamic shared memory base to 1024 bytes (128B swizzle).
-  static constexpr size_t kBytes = size_t(kBarOffset) + 2 * STAGES * sizeof(uint64_t) + 1024;
+  // The dynamic schedule's ring of claimed items (see the kernel): full / empty barriers, slots.
+  static constexpr int kItemRing = 4;
+  static constexpr int kItemBarOffset = kBarOffset + 2 * STAGES * int(sizeof(uint64_t));
+  static constexpr int kItemSlotOffset = kItemBarOffset + 2 * kItemRing * int(sizeof(uint64_t));
+  // + 1 KiB to align the dynamic shared memory base to 1024 bytes (128B swizzle).
+  static constexpr size_t kBytes = size_t(kItemSlotOffset) + kItemRing * sizeof(int) + 1024;
   static_assert(kBytes <= 227 * 1024, "wgmma: shared memory over the 227 KB a block may use");
 };
 
@@ -317,12 +321,16 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
   constexpr int kHalves = kPingPong ? 2 : 1;  // 64-row halves of the tile one warpgroup computes
   constexpr int kBM = 64 * kConsumers;    // rows of this CTA's part of a tile
 
-  // Persistent: CTA (cluster) b takes items b, b + grid, ... of num_tiles x nblocks.
+  // Persistent: CTA (cluster) b takes items b, b + grid, ... of num_tiles x nblocks (static), or
+  // (dynamic, p.item_claims; cooperative single CTAs only) whichever item is next when its
+  // producer is ready for one: see claim_item below.
   const int num_tiles = *p.num_tiles;
   const int nblocks = (p.N + BN - 1) / BN;
   const int items = num_tiles * nblocks;
   const int first = int(blockIdx.x) / kCluster, stride = int(gridDim.x) / kCluster;
-  if (first >= items) return;  // (both CTAs of a cluster leave together)
+  const bool dyn = kCluster == 1 && !kPingPong && p.item_claims != nullptr;
+  // (Both CTAs of a cluster leave together. Dynamic: every CTA claims, to count itself done.)
+  if (!dyn && first >= items) return;
   const int rank = kCluster == 2 ? int(sm90::cluster_ctarank()) : 0;
 
   extern __shared__ unsigned char smem_raw[];
@@ -331,6 +339,9 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
   unsigned char* b_smem = smem + STAGES * S::kAStage;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBarOffset);
   uint64_t* empty = full + STAGES;
+  uint64_t* item_full = reinterpret_cast<uint64_t*>(smem + S::kItemBarOffset);
+  uint64_t* item_empty = item_full + S::kItemRing;
+  volatile int* item_slot = reinterpret_cast<volatile int*>(smem + S::kItemSlotOffset);
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -344,6 +355,12 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
       // cluster that the stage's loads write to.
       sm90::mbar_init(&empty[s], (kPingPong ? 4 : 4 * kConsumers) * kCluster);
     }
+    // Claimed items: published by the producer's thread 0, read by every consumer warp (and
+    // every producer warp when A is gathered), each warp arriving once.
+    for (int r = 0; r < S::kItemRing; ++r) {
+      sm90::mbar_init(&item_full[r], 1);
+      sm90::mbar_init(&item_empty[r], 4 * kConsumers + (kGatherA ? 4 : 0));
+    }
     sm90::fence_mbar_init();
   }
   // The partner's first multicast must not reach this CTA's barriers before they exist.
@@ -351,6 +368,41 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
   else __syncthreads();
 
   const int KT = (p.K + BK - 1) / BK;
+
+  // The dynamic schedule. Why: with the static one, CTA b's items are fixed in advance, so a CTA
+  // that runs slower (its loads miss the L2 more often) drifts behind the others, and the items
+  // resident at one time spread over more tiles and column blocks than the raster group keeps
+  // in L2; the misses then feed the drift. Claimed in order from one counter, the items in
+  // flight stay a window of about one wave. The producer's thread 0 claims the CTA's j-th item
+  // (atomicAdd on item_claims[0]) when it is ready to load it and publishes it in ring slot
+  // j % kItemRing; the readers wait on the slot's full barrier and release it. A claim past the
+  // last item ends the CTA's loop; the CTA whose such claim is the grid's last (item_claims[1]
+  // counts them) zeroes both counters for the next launch.
+  auto claim_item = [&](int j) {
+    const int item = atomicAdd(p.item_claims, 1);
+    if (item >= items) {
+      __threadfence();  // (this CTA's last claim is made before it counts itself done)
+      if (atomicAdd(p.item_claims + 1, 1) == int(gridDim.x) - 1) {
+        atomicExch(p.item_claims, 0);
+        atomicExch(p.item_claims + 1, 0);
+      }
+    }
+    const int r = j % S::kItemRing;
+    if (j >= S::kItemRing) sm90::mbar_wait(&item_empty[r], ((j / S::kItemRing) - 1) & 1);
+    item_slot[r] = item;
+    sm90::mbar_arrive(&item_full[r]);
+    return item;
+  };
+  auto read_item = [&](int j) {
+    const int r = j % S::kItemRing;
+    sm90::mbar_wait(&item_full[r], (j / S::kItemRing) & 1);
+    return int(item_slot[r]);
+  };
+  auto release_item = [&](int j) {  // once per reading warp, after its lanes have read
+    __syncwarp();
+    if (tid % 32 == 0) sm90::mbar_arrive(&item_empty[j % S::kItemRing]);
+  };
+
   // Three warpgroups share 168 registers a thread: the producer keeps 40, the consumers get 232
   // (40 * 128 + 232 * 256 = 168 * 384), as CUTLASS's warp-specialised kernels do. Without it the
   // gated kernels spilled (ptxas: 12-156 bytes).
@@ -367,7 +419,13 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
       const int c = tid % 8, r0 = tid / 8;
       const T* x = static_cast<const T*>(p.a);
       int it = 0;
-      for (int item = first; item < items; item += stride) {
+      for (int j = 0;; ++j) {
+        int item = first + j * stride;
+        if (dyn) {
+          item = tid == 0 ? claim_item(j) : read_item(j);
+          release_item(j);
+        }
+        if (item >= items) break;
         const WorkItem w = work_item(item, nblocks, p.tiles);
         const Tile tile = p.tiles[w.tile];
         if (tile.rows <= 0) continue;  // (as the consumers)
@@ -404,7 +462,9 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
       cp_async_wait<0>();  // (no copy outlives its thread)
     } else if (tid == 0) {
       int it = 0;  // k steps issued by this CTA so far: stage = it % STAGES, pass = it / STAGES
-      for (int item = first; item < items; item += stride) {
+      for (int j = 0;; ++j) {
+        const int item = dyn ? claim_item(j) : first + j * stride;
+        if (item >= items) break;
         const WorkItem w = work_item(item, nblocks, p.tiles);
         const Tile tile = p.tiles[w.tile];
         if (kCluster == 1 && !kPingPong && tile.rows <= 0) continue;  // (see the consumers)
@@ -484,8 +544,13 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
         }
       }
     };
-    for (int n = 0; n < my_items; ++n) {
-      const int item = first + n * stride;
+    for (int n = 0; dyn || n < my_items; ++n) {
+      int item = first + n * stride;
+      if (dyn) {
+        item = read_item(n);
+        release_item(n);
+        if (item >= items) break;
+      }
       if (kPingPong && (n & 1) != c) {
         it += KT;  // the other warpgroup's item
         continue;

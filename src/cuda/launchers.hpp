@@ -95,6 +95,10 @@ struct GroupedGemmArgs {
   const void* pair_expert = nullptr;
   bool pair_i64 = false;
   int experts = 0;
+  // wgmma path, cooperative single-CTA instances (ExpertsPlan::dynamic_items): int[2], zero
+  // before the launch and zero again after it (the kernel's last CTA resets them): the next
+  // unclaimed work item and the CTAs done claiming. Null: the static round-robin schedule.
+  int* item_claims = nullptr;
 };
 // Tensor-core path: mma.sync m16n8k16 with a cp.async pipeline (bf16 / f16; K, N multiples of 8;
 // 16-byte aligned pointers; not transposed+interleaved: mma_applies in experts_plan.hpp).
