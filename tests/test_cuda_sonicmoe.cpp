@@ -74,6 +74,9 @@ TEST(CudaSonicMoePlan, FusedHopperPathAtEverySize) {
     EXPECT_TRUE(p.fused) << T;
     EXPECT_EQ(p.tile_rows, T * 8 / 256 <= 48 ? 64 : 128) << T;
     EXPECT_EQ(p.b_rows, 256) << T;
+    // Both GEMMs cooperative, their items claimed at run time (docs/cuda.md, "sonicmoe").
+    EXPECT_FALSE(p.pingpong_down) << T;
+    EXPECT_TRUE(p.dynamic_items) << T;
     EXPECT_NE(p.describe().find("in place"), std::string::npos) << p.describe();
   }
   mc::ExpertsShape unaligned = shape(4, 2, 8, 256, 128);
@@ -117,6 +120,9 @@ TEST(CudaSonicMoe, AgainstReference) {
       {gated_spec(5, 264, 200, true), 2},                       // biases
       {gated_spec(4, 192, 64, false, Activation::kGelu), 2},    // GeGLU
       {gated_spec(6, 128, 96, false, Activation::kRelu), 4},    // ReGLU
+      // I > 2048: the down GEMM on cooperative 128-row tiles too (its rows staged through
+      // shared memory), biases, H = 136 a column tail of its 256-column items.
+      {gated_spec(4, 136, 2056, true), 2},
   };
   uint64_t seed = 9700;
   for (DType dt : {DType::kBF16, DType::kF16})

@@ -16,7 +16,8 @@
 // rows where the policy takes 128), sonicmoe_rasterN and grouped_mm_rasterN
 // (raster groups of about N = 4 / 16 / 32 128-row tiles where the policy takes 8), and
 // grouped_mm_dyn / deepgemm_dyn (work items claimed at run time, where the policy keeps the
-// static schedule) and sonicmoe_static (the reverse). Measured with
+// static schedule), sonicmoe_static (the reverse) and sonicmoe_pingpong_down (the fused path's
+// earlier down GEMM). Measured with
 // it: docs/cuda.md, "The two layouts, measured" and "sonicmoe: the fused path", and
 // docs/measurements/h100_2026-12-05_deepgemm_layouts_and_fp8_tiles.log,
 // h100_2026-12-06_sonicmoe_dynamic_items_three_shapes.log.
@@ -117,6 +118,15 @@ void register_all() {
   reg("sonicmoe_static", "sonicmoe, static round-robin work items (lab)",
       [flipped](const ExpertsShape& s, const DeviceTraits& d) {
         return flipped(plan_sonicmoe(s, d));
+      },
+      true);
+  reg("sonicmoe_pingpong_down",
+      "sonicmoe, down GEMM on ping-pong warpgroups where I <= 2048, rows stored from the "
+      "accumulators (lab)",
+      [](const ExpertsShape& s, const DeviceTraits& d) {
+        ExpertsPlan p = plan_sonicmoe(s, d);
+        p.pingpong_down = p.tile_rows == 128 && s.intermediate <= 2048;
+        return p;
       },
       true);
   reg("grouped_mm_dyn", "grouped_mm, work items claimed at run time (lab)",

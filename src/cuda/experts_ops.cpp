@@ -407,7 +407,14 @@ void sonicmoe_experts(const ExpertsArgs& a, const ExpertsPlan& plan, void* works
   // per token in slot order (deterministic, no atomics).
   GroupedGemmArgs g2 = gemm_args(a, w, GemmKind::kDown);
   g2.a_rows = P;
-  launch_grouped_gemm_wgmma(g2, WgmmaConfig{plan.tile_rows, plan.b_rows, plan.pingpong_down}, s);
+  // Cooperative tiles (the plan's) stage those rows through shared memory and store whole-row
+  // 16-byte pieces; a ping-pong plan (set by hand) stores them from the accumulators.
+  WgmmaConfig down{plan.tile_rows, plan.b_rows, plan.pingpong_down};
+  if (!plan.pingpong_down) {
+    down.b_rows = 256;
+    down.staged_out = true;
+  }
+  launch_grouped_gemm_wgmma(g2, down, s);
   run_combine(a, w, s);
 }
 

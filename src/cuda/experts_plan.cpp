@@ -256,6 +256,10 @@ ExpertsPlan plan_sonicmoe(const ExpertsShape& s, const DeviceTraits& d) {
   // read from DRAM by that GEMM against 8.7 GB with items claimed at run time, 19.5 -> 11.5 ms
   // (docs/cuda.md, "sonicmoe: the fused path").
   p.dynamic_items = true;
+  // The down GEMM on cooperative warpgroups, its bf16 / f16 per-pair rows staged through shared
+  // memory (whole-row 16-byte stores) and its items claimed too: DeepSeek-V3 T = 16384 26.8 ->
+  // 21.3 ms, Qwen1.5-MoE 2.29 -> 1.99 ms against the ping-pong down with direct stores (H100).
+  p.pingpong_down = false;
   check_plan(p, s, d);
   return p;
 }

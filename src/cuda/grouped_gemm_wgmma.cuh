@@ -130,14 +130,14 @@ __host__ __device__ constexpr int staged_epilogue_cols(int bn) { return bn > 128
 // epilogue stores straight from the accumulators), the full / empty barriers. The kernel and
 // its launcher both take the layout from here.
 template <class T, GemmKind kKind, int kGroups, int kBRows, int STAGES, int kConsumers,
-          bool kPingPong>
+          bool kPingPong, bool kStagedOut = false>
 struct WgmmaSmem {
   static constexpr int kBM = 64 * kConsumers;
   static constexpr int kAStage = kBM * kWgmmaRowBytes;
   static constexpr int kBStage = kBRows * kWgmmaRowBytes;
   static constexpr int kEpiOffset = STAGES * (kAStage + kBStage);
   static constexpr int kEpiWgBytes =
-      wgmma_staged_epilogue<T>(kKind, kGroups)
+      wgmma_staged_epilogue<T>(kKind, kGroups) || kStagedOut
           ? 64 * (kPingPong ? 2 : 1) * staged_epilogue_cols(kBRows / kGroups) *
                 int(sizeof(typename WgmmaFormat<T>::Out))
           : 0;
@@ -291,7 +291,7 @@ __device__ __forceinline__ void staged_epilogue(const float (&acc)[kHalves][NACC
 // producer never blocks on its own copies; the consumers fence the async proxy after the wait,
 // since wgmma reads through it what cp.async wrote through the generic proxy.
 template <class T, GemmKind kKind, int kGroups, int kBRows, int STAGES, int kConsumers,
-          bool kPingPong, int kCluster = 1, bool kGatherA = false>
+          bool kPingPong, int kCluster = 1, bool kGatherA = false, bool kStagedOut = false>
 __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tma_a,
                               const __grid_constant__ CUtensorMap tma_b,
@@ -302,8 +302,10 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
   constexpr bool kScaled = F::kScaled;
   constexpr int BK = wgmma_bk<T>();
   constexpr int BN = kBRows / kGroups;  // output columns of the tile
-  constexpr bool kStaged = wgmma_staged_epilogue<T>(kKind, kGroups);
-  using S = WgmmaSmem<T, kKind, kGroups, kBRows, STAGES, kConsumers, kPingPong>;
+  constexpr bool kStaged = wgmma_staged_epilogue<T>(kKind, kGroups) || kStagedOut;
+  using S = WgmmaSmem<T, kKind, kGroups, kBRows, STAGES, kConsumers, kPingPong, kStagedOut>;
+  static_assert(!kStagedOut || (kKind == GemmKind::kDown && !kScaled && !kPingPong && kCluster == 1),
+                "staged element-type y: bf16 / f16 down GEMMs on cooperative single CTAs");
   static_assert(!kPingPong || (kConsumers == 2 && kBRows == 128),
                 "ping-pong: two warpgroups, m64n128");
   static_assert(kCluster == 1 || (kCluster == 2 && !kPingPong && kConsumers == 2),

@@ -37,16 +37,16 @@ constexpr int wgmma_stages(int epi_bytes) {
 }
 
 template <class T, GemmKind kKind, int kGroups, int kBRows, int kConsumers, bool kPingPong = false,
-          int kCluster = 1, bool kGatherA = false>
+          int kCluster = 1, bool kGatherA = false, bool kStagedOut = false>
 void launch_wgmma_instance(const GroupedGemmArgs& a, cudaStream_t stream,
                            const WgmmaScales& sc = {}) {
-  constexpr int STAGES = wgmma_stages<kBRows, kConsumers>(
-      kConsumers * WgmmaSmem<T, kKind, kGroups, kBRows, 1, kConsumers, kPingPong>::kEpiWgBytes);
+  using S1 = WgmmaSmem<T, kKind, kGroups, kBRows, 1, kConsumers, kPingPong, kStagedOut>;
+  constexpr int STAGES = wgmma_stages<kBRows, kConsumers>(kConsumers * S1::kEpiWgBytes);
   constexpr int BN = kBRows / kGroups;
   auto kernel = grouped_gemm_wgmma_kernel<T, kKind, kGroups, kBRows, STAGES, kConsumers, kPingPong,
-                                          kCluster, kGatherA>;
+                                          kCluster, kGatherA, kStagedOut>;
   constexpr size_t smem =
-      WgmmaSmem<T, kKind, kGroups, kBRows, STAGES, kConsumers, kPingPong>::kBytes;
+      WgmmaSmem<T, kKind, kGroups, kBRows, STAGES, kConsumers, kPingPong, kStagedOut>::kBytes;
   static std::atomic<uint64_t> opted{0};
   const int dev = current_device();
   const uint64_t bit = uint64_t(1) << (dev & 63);
@@ -124,6 +124,18 @@ void launch_wgmma_width(const GroupedGemmArgs& a, const WgmmaConfig& c, cudaStre
 // sharing the weight tiles).
 template <class T, GemmKind kKind, int kGroups>
 void launch_wgmma_rows(const GroupedGemmArgs& a, const WgmmaConfig& c, cudaStream_t stream) {
+  if constexpr (kKind == GemmKind::kDown && !WgmmaFormat<T>::kScaled) {
+    // Element-type y through the staged epilogue (the fused path's down): cooperative tiles,
+    // 256 weight rows per stage.
+    if (c.staged_out) {
+      if (!a.out_elem)
+        throw Error("grouped_gemm_wgmma: the staged down epilogue writes y in the element type");
+      if (c.tile_rows == 64)
+        launch_wgmma_instance<T, kKind, kGroups, 256, 1, false, 1, false, true>(a, stream);
+      else launch_wgmma_instance<T, kKind, kGroups, 256, 2, false, 1, false, true>(a, stream);
+      return;
+    }
+  }
   if constexpr (kKind == GemmKind::kGateUp && kGroups == 2) {
     // Gathered A (the fused path): cooperative tiles, 256 weight rows per stage.
     if (c.gather_a) {

@@ -119,6 +119,10 @@ struct WgmmaConfig {
   // gate_up: A's rows read in place from the hidden states (`a`, via sorted_pair) with cp.async
   // instead of from a_sorted (cooperative tiles of 64 or 128 rows; bf16 / f16).
   bool gather_a = false;
+  // down with y in the element type (GroupedGemmArgs::out_elem): y staged through shared memory
+  // and stored in whole-row 16-byte pieces (cooperative tiles of 64 or 128 rows, 256 weight rows
+  // per stage; bf16 / f16).
+  bool staged_out = false;
 };
 void launch_grouped_gemm_wgmma(const GroupedGemmArgs& a, const WgmmaConfig& c, cudaStream_t stream);
 // Any element type and layout, plain fp32 FMA (no tf32): the fallback and the fp32 path.
