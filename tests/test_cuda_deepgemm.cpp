@@ -41,31 +41,9 @@ namespace {
 // Hopper's FP8 tensor cores keep about 14 bits in their block sums (see test_cuda_quant.cpp).
 constexpr double kFp8TensorCoreUnitRoundoff = 1.0 / 8192;
 
-bool on_hopper() {
-  return mc::device_count() > 0 && mc::traits_of(mc::current_device()).hopper();
-}
-
-#define SKIP_WITHOUT_HOPPER()                                            \
-  if (mc::device_count() == 0) GTEST_SKIP() << "no CUDA device";         \
-  if (!on_hopper()) GTEST_SKIP() << "not a Hopper GPU (CC 9.0): see RefusedOffHopper"
-
-Tensor on_gpu(const Tensor& t) { return t.defined() ? t.to(Device::cuda()) : t; }
-
 ExpertsSpec bf16_spec(int64_t E, int64_t H, int64_t I, bool gated = true, bool bias = false,
                       Activation act = Activation::kSilu) {
   return make_experts_spec(ExpertsLayout{gated, bias, /*transposed=*/false, /*concat=*/true}, E, H, I, act);
-}
-
-mc::ExpertsShape shape(bool fp8, int64_t T, int64_t k, int E, int H, int I) {
-  mc::ExpertsShape s;
-  s.elem = mc::Elem::kBF16;
-  s.tokens = T;
-  s.pairs = T * k;
-  s.experts = E;
-  s.hidden = H;
-  s.intermediate = I;
-  s.quantized = fp8;
-  return s;
 }
 
 // The plan is the Hopper kernels at every size (no GEMV, no mma.sync, no SIMT under this name):
@@ -75,36 +53,36 @@ TEST(CudaDeepGemmPlan, HopperKernelsAtEverySize) {
   const mc::DeviceTraits h100{9, 0, 132};
   for (int64_t T : {1, 4, 16, 17, 64, 65, 256, 8192}) {
     const int64_t rows_per_expert = T * 8 / std::min<int64_t>(256, T * 8);
-    const mc::ExpertsPlan bf16 = mc::plan_deepgemm(shape(false, T, 8, 256, 7168, 2048), h100);
+    const mc::ExpertsPlan bf16 = mc::plan_deepgemm(experts_shape(false, T, 8, 256, 7168, 2048), h100);
     EXPECT_EQ(bf16.gemm, mc::GemmPath::kWgmma) << T;
     EXPECT_EQ(bf16.tile_rows, rows_per_expert <= 48 ? 64 : 128) << T;
     EXPECT_FALSE(bf16.masked) << T;
-    mc::ExpertsPlan fp8 = mc::plan_deepgemm(shape(true, T, 8, 256, 7168, 2048), h100);
+    mc::ExpertsPlan fp8 = mc::plan_deepgemm(experts_shape(true, T, 8, 256, 7168, 2048), h100);
     EXPECT_EQ(fp8.gemm, mc::GemmPath::kWgmmaFp8) << T;
     EXPECT_EQ(fp8.tile_rows, 128) << T;
     EXPECT_FALSE(fp8.masked) << T;
     fp8.masked = true;  // (E * T >= P: accepted)
-    EXPECT_NO_THROW(mc::check_plan(fp8, shape(true, T, 8, 256, 7168, 2048), h100)) << T;
+    EXPECT_NO_THROW(mc::check_plan(fp8, experts_shape(true, T, 8, 256, 7168, 2048), h100)) << T;
     EXPECT_NE(fp8.describe().find("masked layout"), std::string::npos) << fp8.describe();
   }
   // The masked table must hold a contiguous fallback (E * T >= P): not with fewer experts than
   // slots per token, where the contiguous layout runs; a plan forcing it is refused.
-  const mc::ExpertsShape few = shape(false, 4, 8, 4, 256, 128);
+  const mc::ExpertsShape few = experts_shape(false, 4, 8, 4, 256, 128);
   mc::ExpertsPlan forced = mc::plan_deepgemm(few, h100);
   forced.masked = true;
   EXPECT_THROW(mc::check_plan(forced, few, h100), InvalidInput);
   // Nor on the fused path or the CUDA-core paths.
-  mc::ExpertsPlan fused = mc::plan_sonicmoe(shape(false, 4, 2, 8, 256, 128), h100);
+  mc::ExpertsPlan fused = mc::plan_sonicmoe(experts_shape(false, 4, 2, 8, 256, 128), h100);
   fused.masked = true;
-  EXPECT_THROW(mc::check_plan(fused, shape(false, 4, 2, 8, 256, 128), h100), InvalidInput);
-  mc::ExpertsPlan gemv = mc::plan_grouped_mm(shape(true, 4, 2, 8, 256, 128), h100);
+  EXPECT_THROW(mc::check_plan(fused, experts_shape(false, 4, 2, 8, 256, 128), h100), InvalidInput);
+  mc::ExpertsPlan gemv = mc::plan_grouped_mm(experts_shape(true, 4, 2, 8, 256, 128), h100);
   gemv.masked = true;
-  EXPECT_THROW(mc::check_plan(gemv, shape(true, 4, 2, 8, 256, 128), h100), InvalidInput);
-  mc::ExpertsShape unaligned = shape(false, 4, 2, 8, 256, 128);
+  EXPECT_THROW(mc::check_plan(gemv, experts_shape(true, 4, 2, 8, 256, 128), h100), InvalidInput);
+  mc::ExpertsShape unaligned = experts_shape(false, 4, 2, 8, 256, 128);
   unaligned.aligned16 = false;
   EXPECT_THROW(mc::plan_deepgemm(unaligned, h100), InvalidInput);
   // Off Hopper the plan refuses (the backend refuses earlier, with the requirement's words).
-  EXPECT_THROW(mc::plan_deepgemm(shape(false, 4, 2, 8, 256, 128), mc::DeviceTraits{8, 9, 128}), InvalidInput);
+  EXPECT_THROW(mc::plan_deepgemm(experts_shape(false, 4, 2, 8, 256, 128), mc::DeviceTraits{8, 9, 128}), InvalidInput);
 }
 
 TEST(CudaDeepGemm, Bf16AgainstReference) {

@@ -34,14 +34,6 @@ namespace mc = moex::cuda;
 
 namespace {
 
-bool on_hopper() {
-  return mc::device_count() > 0 && mc::traits_of(mc::current_device()).hopper();
-}
-
-#define SKIP_WITHOUT_HOPPER()                                    \
-  if (mc::device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
-  if (!on_hopper()) GTEST_SKIP() << "not a Hopper GPU (CC 9.0)"
-
 // The library's backend `base` with the schedule forced (dynamic or static) on its plan.
 class Schedule final : public mc::CudaExpertsBackend {
  public:
@@ -88,23 +80,9 @@ const bool registered = [] {
   return true;
 }();
 
-mc::ExpertsShape shape(bool fp8, int64_t T, int64_t k, int E, int H, int I) {
-  mc::ExpertsShape s;
-  s.elem = mc::Elem::kBF16;
-  s.tokens = T;
-  s.pairs = T * k;
-  s.experts = E;
-  s.hidden = H;
-  s.intermediate = I;
-  s.quantized = fp8;
-  return s;
-}
-
 ExpertsSpec gated(int64_t E, int64_t H, int64_t I) {
   return make_experts_spec(ExpertsLayout{true, false, false, true}, E, H, I, Activation::kSilu);
 }
-
-Tensor on_gpu(const Tensor& t) { return t.defined() ? t.to(Device::cuda()) : t; }
 
 // `<base>_dynamic_items` and `<base>_static_items` on the same routing, three calls of the
 // dynamic one in a row: all equal.
@@ -130,18 +108,18 @@ void expect_same_as_static(const std::string& base,
 // them (its gate_up reads the hidden rows in place), grouped_mm's and deepgemm's do not.
 TEST(CudaDynamicItemsPlan, WgmmaPathsOnly) {
   const mc::DeviceTraits h100{9, 0, 132};
-  mc::ExpertsPlan p = mc::plan_grouped_mm(shape(false, 4096, 8, 64, 2048, 1408), h100);
+  mc::ExpertsPlan p = mc::plan_grouped_mm(experts_shape(false, 4096, 8, 64, 2048, 1408), h100);
   ASSERT_EQ(p.gemm, mc::GemmPath::kWgmma);
   EXPECT_FALSE(p.dynamic_items);
   p.dynamic_items = true;
-  EXPECT_NO_THROW(mc::check_plan(p, shape(false, 4096, 8, 64, 2048, 1408), h100));
+  EXPECT_NO_THROW(mc::check_plan(p, experts_shape(false, 4096, 8, 64, 2048, 1408), h100));
   EXPECT_NE(p.describe().find("claimed at run time"), std::string::npos) << p.describe();
-  mc::ExpertsPlan gemv = mc::plan_grouped_mm(shape(false, 1, 8, 64, 2048, 1408), h100);
+  mc::ExpertsPlan gemv = mc::plan_grouped_mm(experts_shape(false, 1, 8, 64, 2048, 1408), h100);
   ASSERT_NE(gemv.gemm, mc::GemmPath::kWgmma);
   gemv.dynamic_items = true;
-  EXPECT_THROW(mc::check_plan(gemv, shape(false, 1, 8, 64, 2048, 1408), h100), InvalidInput);
-  EXPECT_TRUE(mc::plan_sonicmoe(shape(false, 4096, 8, 64, 2048, 1408), h100).dynamic_items);
-  EXPECT_FALSE(mc::plan_deepgemm(shape(true, 4096, 8, 64, 2048, 1408), h100).dynamic_items);
+  EXPECT_THROW(mc::check_plan(gemv, experts_shape(false, 1, 8, 64, 2048, 1408), h100), InvalidInput);
+  EXPECT_TRUE(mc::plan_sonicmoe(experts_shape(false, 4096, 8, 64, 2048, 1408), h100).dynamic_items);
+  EXPECT_FALSE(mc::plan_deepgemm(experts_shape(true, 4096, 8, 64, 2048, 1408), h100).dynamic_items);
 }
 
 TEST(CudaDynamicItems, Bf16EqualsStaticSchedule) {

@@ -38,38 +38,17 @@ namespace mc = moex::cuda;
 
 namespace {
 
-bool on_hopper() {
-  return mc::device_count() > 0 && mc::traits_of(mc::current_device()).hopper();
-}
-
-#define SKIP_WITHOUT_HOPPER()                                            \
-  if (mc::device_count() == 0) GTEST_SKIP() << "no CUDA device";         \
-  if (!on_hopper()) GTEST_SKIP() << "not a Hopper GPU (CC 9.0): see RefusedOffHopper"
-
-Tensor on_gpu(const Tensor& t) { return t.defined() ? t.to(Device::cuda()) : t; }
-
 ExpertsSpec gated_spec(int64_t E, int64_t H, int64_t I, bool bias = false,
                        Activation act = Activation::kSilu) {
   return make_experts_spec(ExpertsLayout{/*gated=*/true, bias, /*transposed=*/false, /*concat=*/true}, E, H,
                            I, act);
 }
 
-mc::ExpertsShape shape(int64_t T, int64_t k, int E, int H, int I) {
-  mc::ExpertsShape s;
-  s.elem = mc::Elem::kBF16;
-  s.tokens = T;
-  s.pairs = T * k;
-  s.experts = E;
-  s.hidden = H;
-  s.intermediate = I;
-  return s;
-}
-
 // The fused wgmma path at every size: 64-row tiles while experts average at most 48 rows.
 TEST(CudaSonicMoePlan, FusedHopperPathAtEverySize) {
   const mc::DeviceTraits h100{9, 0, 132};
   for (int64_t T : {1, 4, 16, 17, 256, 8192}) {
-    const mc::ExpertsPlan p = mc::plan_sonicmoe(shape(T, 8, 256, 7168, 2048), h100);
+    const mc::ExpertsPlan p = mc::plan_sonicmoe(experts_shape(false, T, 8, 256, 7168, 2048), h100);
     EXPECT_EQ(p.gemm, mc::GemmPath::kWgmma) << T;
     EXPECT_TRUE(p.fused) << T;
     EXPECT_EQ(p.tile_rows, T * 8 / 256 <= 48 ? 64 : 128) << T;
@@ -79,11 +58,11 @@ TEST(CudaSonicMoePlan, FusedHopperPathAtEverySize) {
     EXPECT_TRUE(p.dynamic_items) << T;
     EXPECT_NE(p.describe().find("in place"), std::string::npos) << p.describe();
   }
-  mc::ExpertsShape unaligned = shape(4, 2, 8, 256, 128);
+  mc::ExpertsShape unaligned = experts_shape(false, 4, 2, 8, 256, 128);
   unaligned.aligned16 = false;
   EXPECT_THROW(mc::plan_sonicmoe(unaligned, h100), InvalidInput);
-  EXPECT_THROW(mc::plan_sonicmoe(shape(4, 2, 8, 256, 128), mc::DeviceTraits{8, 9, 128}), InvalidInput);
-  mc::ExpertsShape ungated = shape(4, 2, 8, 256, 128);
+  EXPECT_THROW(mc::plan_sonicmoe(experts_shape(false, 4, 2, 8, 256, 128), mc::DeviceTraits{8, 9, 128}), InvalidInput);
+  mc::ExpertsShape ungated = experts_shape(false, 4, 2, 8, 256, 128);
   ungated.gated = false;
   EXPECT_THROW(mc::plan_sonicmoe(ungated, h100), InvalidInput);
 }

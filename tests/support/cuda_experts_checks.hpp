@@ -1,5 +1,6 @@
 // Checks shared by the GPU suites of the Hopper-only experts backends (test_cuda_deepgemm.cpp,
-// test_cuda_sonicmoe.cpp). CUDA builds only: include it inside the suites' MOEX_WITH_CUDA part.
+// test_cuda_sonicmoe.cpp, test_cuda_dynamic_items.cpp). CUDA builds only: include it inside the
+// suites' MOEX_WITH_CUDA part.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,12 +11,41 @@
 #include <string>
 #include <utility>
 
+#include "cuda/experts_plan.hpp"
 #include "cuda/runtime.hpp"
 #include "moex/experts.hpp"
 #include "moex/model.hpp"
 #include "support/test_support.hpp"
 
 namespace moex::test {
+
+inline bool on_hopper() {
+  return moex::cuda::device_count() > 0 &&
+         moex::cuda::traits_of(moex::cuda::current_device()).hopper();
+}
+
+// GPU tests of the Hopper-only paths skip cleanly without a GPU and off Hopper (where the suites
+// check the refusal instead).
+#define SKIP_WITHOUT_HOPPER()                                                      \
+  if (moex::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";           \
+  if (!moex::test::on_hopper()) GTEST_SKIP() << "not a Hopper GPU (CC 9.0)"
+
+inline Tensor on_gpu(const Tensor& t) { return t.defined() ? t.to(Device::cuda()) : t; }
+
+// The shape a plan is made for: bf16 activations, T tokens, k experts per token, E x H x I
+// experts, block-quantized weights when `quantized`.
+inline moex::cuda::ExpertsShape experts_shape(bool quantized, int64_t T, int64_t k, int E, int H,
+                                              int I) {
+  moex::cuda::ExpertsShape s;
+  s.elem = moex::cuda::Elem::kBF16;
+  s.tokens = T;
+  s.pairs = T * k;
+  s.experts = E;
+  s.hidden = H;
+  s.intermediate = I;
+  s.quantized = quantized;
+  return s;
+}
 
 // One call of `backend` captured into a CUDA graph and replayed with new routing (duplicates,
 // sentinels, empty experts; seeds seed + 9, + 10, + 11) written into the same device tensors:
