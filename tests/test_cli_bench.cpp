@@ -255,6 +255,18 @@ TEST_F(CliBenchGenerate, BadInputExitsTwoWithAClearError) {
 
 // moex bench comm: bad flags are named; without two GPUs (CI) the missing device (or CUDA) is, and
 // measure_peer_copy_gbps refuses non-CUDA devices and a device paired with itself.
+// `bench experts --device cuda` without a GPU (or past the last one) names the device and exits 2
+// before it touches CUDA, as `generate` does.
+TEST(CliBenchExperts, MissingGpuExitsTwoWithAClearError) {
+  const std::string tmp = ::testing::TempDir();
+  const std::string dev = "cuda:" + std::to_string(test::cuda_devices());
+  test::CliResult r = test::run_cli("bench experts --device " + dev + " --tokens 1", tmp);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("no CUDA device " + dev), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("use --device cpu"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+}
+
 TEST(CliBenchComm, BadInputAndMissingGpusExitTwoWithAClearError) {
   const std::string tmp = ::testing::TempDir();
   const std::pair<std::string, std::string> cases[] = {

@@ -26,4 +26,9 @@ struct Device {
 // "cpu", "cuda", "cuda:1". Throws InvalidInput.
 Device parse_device(const std::string& s);
 
+// Throws Unsupported naming the device when `d` is a CUDA device this process cannot see (no
+// GPU, no driver, an index past the last, or a build without CUDA): the one message every
+// command gives before it touches the device.
+void require_device(const Device& d);
+
 }  // namespace moex

@@ -194,6 +194,7 @@ int run_bench_experts(const std::vector<std::string>& argv) {
        {"json", "", "one JSON object per row instead of the table"}}};
   Args a(argv, kUsage);
   Device dev = parse_device(a.get_or("device", "cpu"));
+  require_device(dev);
   const std::string dtype_arg = a.get_or("dtype", "bfloat16");
   QuantScheme quant;
   if (dtype_arg == "fp8" || dtype_arg == "fp4") {

@@ -1,5 +1,6 @@
 #include "moex/device.hpp"
 
+#include "core/device_hooks.hpp"
 #include "moex/error.hpp"
 
 namespace moex {
@@ -21,6 +22,14 @@ Device parse_device(const std::string& s) {
       return Device::cuda(std::stoi(n));
   }
   throw InvalidInput("unknown device '" + s + "'; valid: cpu, cuda, cuda:N");
+}
+
+void require_device(const Device& d) {
+  if (!d.is_cuda()) return;
+  const int n = detail::cuda_device_count();
+  if (d.index >= n)
+    throw Unsupported("no CUDA device " + d.str() + " (" + std::to_string(n) +
+                      " visible; a build without CUDA sees none); use --device cpu");
 }
 
 }  // namespace moex

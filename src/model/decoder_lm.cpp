@@ -135,10 +135,7 @@ DecoderConfig parse_decoder_config(const nlohmann::json& j, const std::string& w
 
 void check_model_target(const LoadOptions& options) {
   // The device must exist; the experts backends then say whether they serve the dtype there.
-  if (options.device.is_cuda() && options.device.index >= detail::cuda_device_count())
-    throw Unsupported("no CUDA device " + options.device.str() + " (" +
-                      std::to_string(detail::cuda_device_count()) +
-                      " visible; a build without CUDA sees none); use --device cpu");
+  require_device(options.device);
   const DType d = options.dtype.value_or(DType::kF32);
   if (d != DType::kF32 && d != DType::kBF16)
     throw Unsupported("model dtype " + std::string(dtype_name(d)) +
