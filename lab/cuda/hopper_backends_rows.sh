@@ -10,7 +10,8 @@
 #      torch; skipped with a note without it).
 # The masked layout comes from lab/cuda/experts_plan_variants.cpp, built here when missing.
 # Run on a Hopper machine from the repo root:  bash lab/cuda/hopper_backends_rows.sh
-# Writes $OUT/summary.txt and $OUT/logs/ (set-up: lab/cuda/device_env.sh); ~7 minutes on an H100.
+# Writes $OUT/summary.txt and $OUT/logs/ (set-up: lab/cuda/device_env.sh).
+# (Its rows ran separately on an H100, about 7 minutes in all; not yet as this one script.)
 . lab/cuda/device_env.sh
 status=0
 P=$BUILD/libexperts_plan_variants.so
