@@ -129,6 +129,22 @@ TEST_F(Cli, GenerateBf16) {
   EXPECT_EQ(seq, greedy);
 }
 
+// A prompt long enough for cuDNN's prompt attention has its graph planned on a builder thread
+// (src/ops/cuda/attention_cudnn.cpp), and a short generation ends within that planning: the
+// process must still exit 0 with its output, not die in a build torn down under it (SIGSEGV
+// before the model waited for its builds). Several runs, since it is a race.
+TEST_F(Cli, GenerateOnTheGpuExitsCleanlyWhileAttentionIsBeingPlanned) {
+  if (test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  std::vector<int64_t> prompt;
+  for (int64_t t = 0; t < 160; ++t) prompt.push_back(1 + (t * 7) % 250);
+  for (int run_index = 0; run_index < 3; ++run_index) {
+    Result r = run("generate --model " + model("qwen2_moe", "checkpoint_bf16") + " --device cuda --dtype bfloat16" +
+                   " --prompt-ids " + join(prompt) + " --max-new-tokens 2");
+    ASSERT_EQ(r.exit_code, 0) << "run " << run_index << "\n" << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["sequences"][0].size(), prompt.size() + 2);
+  }
+}
+
 TEST_F(Cli, LogitsMatchTransformers) {
   for (const char* name : {"qwen3_moe", "mixtral"}) {
     auto ref = reference(name);

@@ -14,6 +14,7 @@
 #include "moex/checkpoint.hpp"
 #include "moex/error.hpp"
 #include "moex/experts.hpp"
+#include "ops/ops.hpp"
 
 namespace moex {
 
@@ -65,7 +66,9 @@ LoadOptions make_load_options(const std::string& dtype, const std::string& devic
 }
 
 CausalLM::CausalLM() = default;
-CausalLM::~CausalLM() = default;
+// Work the ops still run on their own threads for this model's calls ends with it
+// (ops::finish_background_work says why).
+CausalLM::~CausalLM() { ops::finish_background_work(); }
 
 void CausalLM::release_decode_graph() { kept_decode_.reset(); }
 

@@ -45,6 +45,12 @@ void make_device_step(Step& step, Device device) {
   dispatch("make_device_step", device, [] {}, MOEX_OPS_DEVICE(make_device_step(step, device)));
 }
 
+void finish_background_work() {
+#if MOEX_WITH_CUDA
+  cuda::finish_background_work();
+#endif
+}
+
 void kv_append(LayerKV& kv, const Tensor& k, const Tensor& v, const Step& step) {
   dispatch("kv_append", k.device(), [&] { cpu::kv_append(kv, k, v, step); }, MOEX_OPS_DEVICE(kv_append(kv, k, v, step)));
 }

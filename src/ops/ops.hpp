@@ -80,6 +80,12 @@ inline int64_t device_step_position_offset(const Step& s) { return 1 + s.batch; 
 inline int64_t device_step_id_offset(const Step& s) { return 1 + s.batch + s.rows(); }
 void make_device_step(Step& step, Device device);
 
+// Waits for what the ops run on threads of their own beside the caller's (today: cuDNN attention
+// graphs still being planned, src/ops/cuda/attention_cudnn.cpp). A model calls it when it is
+// destroyed, so that a process exiting right after its last call does not tear libraries down
+// under that work.
+void finish_background_work();
+
 // ---- KV cache ----
 
 // Keys and values of one layer: k [batch, capacity, k_dim], v [batch, capacity, v_dim]

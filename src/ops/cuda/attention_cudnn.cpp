@@ -6,6 +6,7 @@
 #include <string>
 
 #include "moex/error.hpp"
+#include "ops/cuda/cuda_ops.hpp"
 
 #if MOEX_WITH_CUDNN_FRONTEND
 
@@ -156,12 +157,23 @@ void build(const Shape& x, cudnnHandle_t h, Entry& out) {
   out.state.store(ok ? 1 : 2, std::memory_order_release);
 }
 
+// Whether builder() has been constructed and not yet destroyed (a model destroyed after it, at
+// exit, has nothing to wait for).
+std::atomic<bool> builder_started{false};
+
 // Builds graphs off the calling thread. Planning a new shape costs cuDNN ~50 ms (H200, cuDNN 9.14,
 // first_call_ms in lab/cuda/attention_lab.cpp), more than a 4096-token prompt's attention saves in
 // all 24 layers of the Qwen shape (~6 ms), so a shape's first calls run the project's flash kernel
 // while its graph is built, and later calls run cuDNN. The worker has its own cuDNN handle per
 // device (handles are not shared between threads) and is joined at exit; it is created after the
 // CUDA runtime, so it is destroyed before the runtime is torn down.
+//
+// Exit: a build still running when the process exits used to end in SIGSEGV (`moex generate` on
+// a GPU, one short prompt: exit came within the ~50 ms of planning). cuDNN creates objects of its
+// own during a build (engine libraries it opens on demand), after this builder, so exit destroys
+// them first, under the running build. So a model's destruction waits for the builds in flight
+// (wait_idle, through ops::finish_background_work), and at exit the worker leaves its handles to
+// the process instead of calling into cuDNN again.
 class Builder {
  public:
   ~Builder() {
@@ -171,6 +183,7 @@ class Builder {
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
+    builder_started.store(false, std::memory_order_release);
   }
   void enqueue(int device, const Shape& x, std::shared_ptr<Entry> e) {
     {
@@ -179,6 +192,11 @@ class Builder {
       queue_.push_back({device, x, std::move(e)});
     }
     cv_.notify_one();
+  }
+  // Returns once no build is queued or running.
+  void wait_idle() {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
   }
 
  private:
@@ -197,6 +215,7 @@ class Builder {
         if (stop_) break;
         job = std::move(queue_.front());
         queue_.pop_front();
+        busy_ = true;
       }
       try {
         if (cudaSetDevice(job.device) != cudaSuccess)
@@ -211,19 +230,24 @@ class Builder {
         job.e->why = ex.what();
         job.e->state.store(2, std::memory_order_release);
       }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        busy_ = false;
+      }
+      idle_.notify_all();
     }
-    for (auto& [device, h] : handles)
-      if (h) fe::detail::destroy_handle(h);
+    // Stopped only at exit (the builder is a static): the handles go with the process.
   }
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_, idle_;
   std::deque<Job> queue_;
-  bool stop_ = false;
+  bool stop_ = false, busy_ = false;
   std::thread thread_;
 };
 
 Builder& builder() {
   static Builder b;
+  builder_started.store(true, std::memory_order_release);
   return b;
 }
 
@@ -236,6 +260,10 @@ bool cudnn_attention_available() { return library().loaded; }
 int64_t cudnn_attention_calls() { return calls.load(); }
 std::string cudnn_attention_status() { return library().status; }
 void cudnn_attention_synchronous_builds(bool on) { synchronous.store(on); }
+void cudnn_attention_finish_builds() {
+  if (builder_started.load(std::memory_order_acquire)) builder().wait_idle();
+}
+void finish_background_work() { cudnn_attention_finish_builds(); }
 
 CudnnLaunch launch_attention_cudnn(const AttentionArgs& a, int64_t past, int device, void* out, cudaStream_t stream,
                                    std::string* why) {
@@ -313,6 +341,8 @@ namespace moex::ops::cuda {
 bool cudnn_attention_available() { return false; }
 int64_t cudnn_attention_calls() { return 0; }
 void cudnn_attention_synchronous_builds(bool) {}
+void cudnn_attention_finish_builds() {}
+void finish_background_work() {}
 std::string cudnn_attention_status() {
   return "cuDNN attention not built (the cuDNN frontend headers were not found at configure time: pip install "
          "nvidia-cudnn-frontend, or -DMOEX_CUDNN_FRONTEND_DIR=...)";
