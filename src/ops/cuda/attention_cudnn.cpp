@@ -169,9 +169,10 @@ std::atomic<bool> builder_started{false};
 // CUDA runtime, so it is destroyed before the runtime is torn down.
 //
 // Exit: a build still running when the process exits used to end in SIGSEGV (`moex generate` on
-// a GPU, one short prompt: exit came within the ~50 ms of planning). cuDNN creates objects of its
-// own during a build (engine libraries it opens on demand), after this builder, so exit destroys
-// them first, under the running build. So a model's destruction waits for the builds in flight
+// a GPU, one short prompt: exit came within the ~50 ms of planning; `bench generate`, which
+// plans synchronously, never did). The likely cause: cuDNN creates objects of its own during a
+// build (engine libraries it opens on demand), after this builder, so exit destroys them first,
+// under the running build. So a model's destruction waits for the builds in flight
 // (wait_idle, through ops::finish_background_work), and at exit the worker leaves its handles to
 // the process instead of calling into cuDNN again.
 class Builder {
