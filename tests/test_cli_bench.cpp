@@ -253,8 +253,6 @@ TEST_F(CliBenchGenerate, BadInputExitsTwoWithAClearError) {
   EXPECT_NE(r.err.find("missing"), std::string::npos) << r.err;
 }
 
-// moex bench comm: bad flags are named; without two GPUs (CI) the missing device (or CUDA) is, and
-// measure_peer_copy_gbps refuses non-CUDA devices and a device paired with itself.
 // `bench experts --device cuda` without a GPU (or past the last one) names the device and exits 2
 // before it touches CUDA, as `generate` does.
 TEST(CliBenchExperts, MissingGpuExitsTwoWithAClearError) {
@@ -267,6 +265,8 @@ TEST(CliBenchExperts, MissingGpuExitsTwoWithAClearError) {
   EXPECT_EQ(r.out, "");
 }
 
+// moex bench comm: bad flags are named; without two GPUs (CI) the missing device (or CUDA) is, and
+// measure_peer_copy_gbps refuses non-CUDA devices and a device paired with itself.
 TEST(CliBenchComm, BadInputAndMissingGpusExitTwoWithAClearError) {
   const std::string tmp = ::testing::TempDir();
   const std::pair<std::string, std::string> cases[] = {

@@ -177,6 +177,7 @@ std::atomic<bool> builder_started{false};
 // the process instead of calling into cuDNN again.
 class Builder {
  public:
+  Builder() { builder_started.store(true, std::memory_order_release); }
   ~Builder() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -248,7 +249,6 @@ class Builder {
 
 Builder& builder() {
   static Builder b;
-  builder_started.store(true, std::memory_order_release);
   return b;
 }
 
@@ -261,10 +261,9 @@ bool cudnn_attention_available() { return library().loaded; }
 int64_t cudnn_attention_calls() { return calls.load(); }
 std::string cudnn_attention_status() { return library().status; }
 void cudnn_attention_synchronous_builds(bool on) { synchronous.store(on); }
-void cudnn_attention_finish_builds() {
+void finish_background_work() {
   if (builder_started.load(std::memory_order_acquire)) builder().wait_idle();
 }
-void finish_background_work() { cudnn_attention_finish_builds(); }
 
 CudnnLaunch launch_attention_cudnn(const AttentionArgs& a, int64_t past, int device, void* out, cudaStream_t stream,
                                    std::string* why) {
@@ -342,7 +341,6 @@ namespace moex::ops::cuda {
 bool cudnn_attention_available() { return false; }
 int64_t cudnn_attention_calls() { return 0; }
 void cudnn_attention_synchronous_builds(bool) {}
-void cudnn_attention_finish_builds() {}
 void finish_background_work() {}
 std::string cudnn_attention_status() {
   return "cuDNN attention not built (the cuDNN frontend headers were not found at configure time: pip install "

@@ -38,9 +38,6 @@ int64_t cudnn_attention_calls();
 // Build each shape's graph on the calling thread at its first call instead of on the builder
 // thread (tests and benchmarks that need a given call to run cuDNN).
 void cudnn_attention_synchronous_builds(bool on);
-// Returns once no graph is being built or waits to be (a model's destruction calls it, through
-// ops::finish_background_work: attention_cudnn.cpp says why). Never starts the builder.
-void cudnn_attention_finish_builds();
 
 enum class CudnnLaunch {
   kRan,          // out is written (stream-ordered)

@@ -64,7 +64,8 @@ void rope2_(Tensor& a, int64_t heads_a, Tensor& b, int64_t heads_b, int64_t head
 void rope_kv_append_(Tensor& q, int64_t heads_q, Tensor& k, int64_t heads_k, const Tensor& v, LayerKV& kv,
                      int64_t head_dim, const Rope& rope, RopeLayout layout, const Step& step, DType act);
 
-// ops::finish_background_work: the cuDNN attention builder's graphs in flight (attention_cudnn.cpp).
+// ops::finish_background_work: returns once the cuDNN attention builder has no graph queued or
+// being planned (attention_cudnn.cpp says why); never starts the builder.
 void finish_background_work();
 
 // cuBLASLt (fp32 without TF32; bf16 / f16 with float32 accumulation), bias and rounding in the
