@@ -222,4 +222,91 @@ TEST(CudaLinear, NormLinearsEqualNormThenLinears) {
           }
 }
 
+// The attention front in one launch (ops::norm_qkv_rope_append): the norm-forming GEMV rotating q
+// and k in its epilogue and writing the cache, against norm_linears then rope_kv_append_: q, k, v
+// and both caches bit for bit over decode steps after a prompt (the two ops), the cache growing
+// under them, with yarn's attention scaling. Shapes: Qwen1.5-MoE's q / k / v, grouped heads, heads of
+// 12 values (3 column groups per head), a head count whose groups outnumber the pairs of cos / sin
+// each block forms before its wait (the epilogue forms them), and shapes the launch does not take
+// (6-value heads, 3 rows, float32: the two ops run) to show they agree too.
+TEST(CudaLinear, NormQkvRopeAppendIsNormLinearsThenRopeAppend) {
+  if (moex::test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  namespace ops = moex::ops;
+  const Device gpu = Device::cuda(0);
+  struct QkvCase {
+    int64_t hq, hk, dim, in;
+    bool bias;
+    int64_t rows;
+    double scaling;
+    int64_t prompt;
+  };
+  const QkvCase cases[] = {{16, 16, 128, 2048, true, 1, 1.0, 700}, {32, 8, 128, 1024, false, 1, 1.0, 1},
+                           {3, 1, 12, 40, true, 1, 1.25, 37},      {128, 8, 128, 256, true, 1, 1.0, 5},
+                           {4, 2, 6, 24, false, 1, 1.0, 3},        {4, 2, 64, 128, true, 3, 1.0, 9}};
+  auto bits = [](const Tensor& t) {
+    std::vector<uint32_t> b;
+    for (float v : t.to(Device::cpu()).to(DType::kF32).to_float_vector()) b.push_back(moex::float_bits(v));
+    return b;
+  };
+  uint64_t seed = 7300;
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32})
+    for (const QkvCase& c : cases) {
+      auto make = [&](int64_t r, int64_t n, float scale) {
+        auto v = random_values(size_t(r * n), ++seed, dt);
+        for (auto& e : v) e *= scale;
+        return Tensor::from_floats(v, {r, n}).to(dt).to(gpu);
+      };
+      ops::Rope rope;
+      rope.rotary_dim = c.dim;
+      for (int64_t i = 0; i < c.dim / 2; ++i)
+        rope.inv_freq.push_back(double(float(1.0 / std::pow(1e6, double(2 * i) / double(c.dim)))));
+      rope.attention_scaling = c.scaling;
+      const Tensor norm_w = make(1, c.in, 2.0f).view({c.in});
+      std::vector<ops::LinearWeight> ws;
+      std::vector<Tensor> bs;
+      for (int64_t out : {c.hq * c.dim, c.hk * c.dim, c.hk * c.dim}) {
+        ws.push_back(ops::prepare_linear(make(out, c.in, 1.0f)));
+        bs.push_back(c.bias ? make(1, out, 1.0f).view({out}) : Tensor());
+      }
+      std::vector<ops::LinearOf> of;
+      for (size_t i = 0; i < 3; ++i) of.push_back({&ws[i], bs[i].defined() ? &bs[i] : nullptr});
+      ops::LayerKV want_kv, got_kv;
+      want_kv.capacity_hint = got_kv.capacity_hint = 2;
+      int64_t past = 0;
+      for (int step_i = 0; step_i < 4; ++step_i) {
+        const int64_t tokens = step_i == 0 ? c.prompt : c.rows;
+        ops::Step s(1, tokens, past);
+        ops::make_device_step(s, gpu);
+        const std::string what = std::string(moex::dtype_name(dt)) + " heads " + std::to_string(c.hq) + "/" +
+                                 std::to_string(c.hk) + " x " + std::to_string(c.dim) + " in " + std::to_string(c.in) +
+                                 " rows " + std::to_string(tokens) + " step " + std::to_string(step_i);
+        const Tensor h0 = make(tokens, c.in, 3.0f);
+        Tensor h_want = h0.clone();
+        std::vector<Tensor> want = ops::norm_linears(h_want, nullptr, {&norm_w, 1e-6f}, of, dt, nullptr);
+        ops::rope_kv_append_(want[0], c.hq, want[1], c.hk, want[2], want_kv, c.dim, rope, ops::RopeLayout::kHalf, s, dt);
+        Tensor h = h0.clone();
+#if MOEX_WITH_CUDA
+        const std::vector<const Tensor*> wt = {&ws[0].tensor, &ws[1].tensor, &ws[2].tensor};
+        const bool one = dt != DType::kF32 && tokens == 1 && c.dim % 4 == 0;
+        EXPECT_EQ(ops::cuda::norm_qkv_rope_gemv_serves(h, wt, c.hq, c.hk, c.dim, rope, ops::RopeLayout::kHalf, s,
+                                                       got_kv, dt) &&
+                      ops::cuda::norm_gemv_serves(h, nullptr, norm_w, dt),
+                  one)
+            << what;
+#endif
+        const std::vector<Tensor> got =
+            ops::norm_qkv_rope_append(h, {&norm_w, 1e-6f}, of, c.hq, c.hk, c.dim, rope, ops::RopeLayout::kHalf, s, got_kv, dt);
+        ASSERT_EQ(got.size(), 3u) << what;
+        for (size_t i = 0; i < 3; ++i) EXPECT_EQ(bits(got[i]), bits(want[i])) << what << " output " << i;
+        ASSERT_EQ(got_kv.filled, want_kv.filled) << what;
+        ASSERT_EQ(got_kv.capacity(), want_kv.capacity()) << what;
+        EXPECT_EQ(bits(ops::kv_columns(got_kv.k, got_kv.filled)), bits(ops::kv_columns(want_kv.k, want_kv.filled)))
+            << what << " k cache";
+        EXPECT_EQ(bits(ops::kv_columns(got_kv.v, got_kv.filled)), bits(ops::kv_columns(want_kv.v, want_kv.filled)))
+            << what << " v cache";
+        past += tokens;
+      }
+    }
+}
+
 }  // namespace
