@@ -92,15 +92,6 @@ std::vector<Tensor> norm_linears(Tensor& h, const Tensor* delta, const Tensor& n
   return ops::norm_linears(h, delta, ops::NormOf{&norm, eps}, of, act, x_out);
 }
 
-std::vector<Tensor> norm_qkv_rope_append(Tensor& h, const Tensor& norm, float eps, const Linear& q, const Linear& k,
-                                         const Linear& v, int64_t heads_q, int64_t heads_k, int64_t head_dim,
-                                         const ops::Rope& rope, const Step& step, LayerKV& kv, DType act) {
-  std::vector<ops::LinearOf> of;
-  for (const Linear* l : {&q, &k, &v}) of.push_back({&l->weight, l->bias.defined() ? &l->bias : nullptr});
-  return ops::norm_qkv_rope_append(h, ops::NormOf{&norm, eps}, of, heads_q, heads_k, head_dim, rope,
-                                   ops::RopeLayout::kHalf, step, kv, act);
-}
-
 // ---- norms ----
 
 

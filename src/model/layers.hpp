@@ -69,11 +69,6 @@ std::vector<Tensor> linears(const Tensor& x, std::initializer_list<const Linear*
 // norm's output when given.
 std::vector<Tensor> norm_linears(Tensor& h, const Tensor* delta, const Tensor& norm, float eps,
                                  std::initializer_list<const Linear*> ls, DType act, Tensor* x_out = nullptr);
-// The input norm, q / k / v, rope (kHalf, whole heads) and the cache append
-// (ops::norm_qkv_rope_append: one launch on a device for a one-token decode row) -> {q, k, v}.
-std::vector<Tensor> norm_qkv_rope_append(Tensor& h, const Tensor& norm, float eps, const Linear& q, const Linear& k,
-                                         const Linear& v, int64_t heads_q, int64_t heads_k, int64_t head_dim,
-                                         const ops::Rope& rope, const Step& step, LayerKV& kv, DType act);
 
 // Loads a vector [dim] (norm weights, sinks, biases) onto `device`.
 Tensor load_vector(const Checkpoint& ckpt, const std::string& name, int64_t dim, DType dtype,

@@ -189,33 +189,24 @@ void SparseMoeLM::layer_forward(int64_t layer, Tensor& h, const Step& step, Laye
   const float eps = float(cfg().rms_norm_eps);
   const int64_t hd = cfg().head_dim;
 
-  Tensor q;
-  if (clip_qkv_ <= 0 && flags_.qk_norm == SparseMoeFlags::QkNorm::kNone) {
-    // input_layernorm, q / k / v, rope and the cache append: one launch for a decode row on a device.
-    std::vector<Tensor> qkv =
-        norm_qkv_rope_append(h, L.input_norm, eps, L.q, L.k, L.v, heads_, kv_heads_, hd, rope_, step, kv, a);
-    q = std::move(qkv[0]);
-  } else {
-    // input_layernorm and q / k / v: one launch for decode-sized rows on a device.
-    std::vector<Tensor> qkv = norm_linears(h, nullptr, L.input_norm, eps, {&L.q, &L.k, &L.v}, a);
-    q = std::move(qkv[0]);
-    Tensor k = std::move(qkv[1]), v = std::move(qkv[2]);
-    if (clip_qkv_ > 0)
-      for (Tensor* t : {&q, &k, &v}) ops::clamp_(*t, clip_qkv_);
-    if (flags_.qk_norm != SparseMoeFlags::QkNorm::kNone) {
-      // Per head, or over the whole projection (OLMoE).
-      const int64_t group = flags_.qk_norm == SparseMoeFlags::QkNorm::kPerHead ? hd : 0;
-      ops::rms_norm_(q, L.q_norm, eps, a, group);
-      ops::rms_norm_(k, L.k_norm, eps, a, group);
-      if (norm_full_qk_) {  // this rank's heads of the whole, normed projections
-        const TpSplit t = tp();
-        q = ops::slice_columns(q, 1, heads_ * hd * t.index, heads_ * hd);
-        k = ops::slice_columns(k, 1, kv_heads_ * hd * t.index, kv_heads_ * hd);
-      }
+  // input_layernorm and q / k / v: one launch for decode-sized rows on a device.
+  std::vector<Tensor> qkv = norm_linears(h, nullptr, L.input_norm, eps, {&L.q, &L.k, &L.v}, a);
+  Tensor q = std::move(qkv[0]), k = std::move(qkv[1]), v = std::move(qkv[2]);
+  if (clip_qkv_ > 0)
+    for (Tensor* t : {&q, &k, &v}) ops::clamp_(*t, clip_qkv_);
+  if (flags_.qk_norm != SparseMoeFlags::QkNorm::kNone) {
+    // Per head, or over the whole projection (OLMoE).
+    const int64_t group = flags_.qk_norm == SparseMoeFlags::QkNorm::kPerHead ? hd : 0;
+    ops::rms_norm_(q, L.q_norm, eps, a, group);
+    ops::rms_norm_(k, L.k_norm, eps, a, group);
+    if (norm_full_qk_) {  // this rank's heads of the whole, normed projections
+      const TpSplit t = tp();
+      q = ops::slice_columns(q, 1, heads_ * hd * t.index, heads_ * hd);
+      k = ops::slice_columns(k, 1, kv_heads_ * hd * t.index, kv_heads_ * hd);
     }
-    // Rotate q and k and append k and v to the cache: one launch on a device.
-    ops::rope_kv_append_(q, heads_, k, kv_heads_, v, kv, hd, rope_, RopeLayout::kHalf, step, a);
   }
+  // Rotate q and k and append k and v to the cache: one launch on a device.
+  ops::rope_kv_append_(q, heads_, k, kv_heads_, v, kv, hd, rope_, RopeLayout::kHalf, step, a);
   AttentionSpec spec = attn_;
   spec.sliding_window = L.sliding_window;
   Tensor attn_out = linear(ops::attention(q, kv, step, spec, a), L.o, a);

@@ -209,19 +209,6 @@ std::vector<Tensor> norm_linears(Tensor& h, const Tensor* delta, const NormOf& n
   return dispatch("norm_linears", h.device(), each, MOEX_OPS_DEVICE(norm_linears(h, delta, norm, ls, act, x_out)));
 }
 
-std::vector<Tensor> norm_qkv_rope_append(Tensor& h, const NormOf& norm, std::span<const LinearOf> qkv, int64_t heads_q,
-                                         int64_t heads_k, int64_t head_dim, const Rope& rope, RopeLayout layout,
-                                         const Step& step, LayerKV& kv, DType act) {
-  if (qkv.size() != 3) throw InvalidInput("norm_qkv_rope_append: q, k and v, got " + std::to_string(qkv.size()) + " linears");
-  auto each = [&] {
-    std::vector<Tensor> ys = norm_linears(h, nullptr, norm, qkv, act, nullptr);
-    rope_kv_append_(ys[0], heads_q, ys[1], heads_k, ys[2], kv, head_dim, rope, layout, step, act);
-    return ys;
-  };
-  return dispatch("norm_qkv_rope_append", h.device(), each,
-                  MOEX_OPS_DEVICE(norm_qkv_rope_append(h, norm, qkv, heads_q, heads_k, head_dim, rope, layout, step, kv, act)));
-}
-
 Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_weight, DType act) {
   return dispatch("linear_per_group", x.device(), [&] { return cpu::linear_per_group(x, w, transpose_weight, act); },
                   MOEX_OPS_DEVICE(linear_per_group(x, w, transpose_weight, act)));

@@ -274,13 +274,6 @@ struct NormOf {
 };
 std::vector<Tensor> norm_linears(Tensor& h, const Tensor* delta, const NormOf& norm, std::span<const LinearOf> ls,
                                  DType act, Tensor* x_out);
-// An attention block's front: {q, k, v} = norm_linears(h, nullptr, norm, qkv, act, nullptr), then
-// rope_kv_append_(q, heads_q, k, heads_k, v, kv, head_dim, rope, layout, step, act), with the
-// values of those two ops. On a device, a one-token decode row whose linears take the norm-forming
-// GEMV runs as that one launch, rotating q and k and writing the cache in its epilogue.
-std::vector<Tensor> norm_qkv_rope_append(Tensor& h, const NormOf& norm, std::span<const LinearOf> qkv, int64_t heads_q,
-                                         int64_t heads_k, int64_t head_dim, const Rope& rope, RopeLayout layout,
-                                         const Step& step, LayerKV& kv, DType act);
 
 // Per-group weight blocks read in place from one weight tensor [groups * group_rows, in]: group
 // g's block W_g is rows [g * group_rows + offset, g * group_rows + offset + rows), [rows, in].

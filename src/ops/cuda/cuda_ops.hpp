@@ -100,22 +100,6 @@ std::vector<Tensor> norm_linear_gemv_segments(Tensor& h, const Tensor* delta, co
                                               std::span<const Tensor* const> biases, Tensor* x_out);
 std::vector<Tensor> norm_linears(Tensor& h, const Tensor* delta, const NormOf& norm, std::span<const LinearOf> ls,
                                  DType act, Tensor* x_out);
-// norm_linear_gemv_segments(h, nullptr, ...) of q / k / v at one row of one sequence, then
-// rope_kv_append_ of the three (kHalf layout over whole heads), in one launch: the GEMV rotates
-// q and k in its epilogue and writes k and v to their cache column (linear_gemv.cu). The cache is
-// reserved (and grown) here; norm_qkv_rope_gemv_serves says which calls it takes, beside
-// norm_gemv_serves and gemv_serves for h and each weight.
-bool norm_qkv_rope_gemv_serves(const Tensor& h, std::span<const Tensor* const> weights, int64_t heads_q,
-                               int64_t heads_k, int64_t head_dim, const Rope& rope, RopeLayout layout,
-                               const Step& step, const LayerKV& kv, DType act);
-std::vector<Tensor> norm_qkv_rope_gemv(Tensor& h, const Tensor& norm_weight, float eps, RmsNormStyle style,
-                                       std::span<const Tensor* const> weights, std::span<const Tensor* const> biases,
-                                       int64_t head_dim, const Rope& rope, const Step& step, LayerKV& kv);
-// ops::norm_qkv_rope_append: norm_qkv_rope_gemv where it serves (MOEX_ROPE_IN_GEMV=0 turns it
-// off, for measuring), else norm_linears then rope_kv_append_.
-std::vector<Tensor> norm_qkv_rope_append(Tensor& h, const NormOf& norm, std::span<const LinearOf> qkv, int64_t heads_q,
-                                         int64_t heads_k, int64_t head_dim, const Rope& rope, RopeLayout layout,
-                                         const Step& step, LayerKV& kv, DType act);
 // A block-quantized weight (LinearWeight::quantized()), linear_quant.cu.
 Tensor linear_quantized(const Tensor& x, const LinearWeight& w, const Tensor& bias, DType act);
 // Whether linear_quantized runs rows x w on the Hopper FP8 tensor cores (the experts' FP8

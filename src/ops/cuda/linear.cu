@@ -231,20 +231,4 @@ std::vector<Tensor> norm_linears(Tensor& h, const Tensor* delta, const NormOf& n
   return ys;
 }
 
-std::vector<Tensor> norm_qkv_rope_append(Tensor& h, const NormOf& norm, std::span<const LinearOf> qkv, int64_t heads_q,
-                                         int64_t heads_k, int64_t head_dim, const Rope& rope, RopeLayout layout,
-                                         const Step& step, LayerKV& kv, DType act) {
-  moex::cuda::DeviceGuard guard(h.device().index);
-  static const bool enabled = moex::cuda::env_int("MOEX_ROPE_IN_GEMV", 1) != 0;  // 0: measuring
-  std::vector<const Tensor*> ws, bs;
-  if (enabled && qkv.size() == 3 && norm_gemv_serves(h, nullptr, *norm.weight, act) &&
-      one_gemv_launch(h, qkv, act, ws, bs) &&
-      norm_qkv_rope_gemv_serves(h, ws, heads_q, heads_k, head_dim, rope, layout, step, kv, act))
-    return norm_qkv_rope_gemv(h, *norm.weight, norm.eps, norm.style, ws, bs, head_dim, rope, step, kv);
-  std::vector<Tensor> ys = cuda::norm_linears(h, nullptr, norm, qkv, act, nullptr);
-  if (ys.size() != 3) throw InvalidInput("norm_qkv_rope_append: q, k and v");
-  cuda::rope_kv_append_(ys[0], heads_q, ys[1], heads_k, ys[2], kv, head_dim, rope, layout, step, act);
-  return ys;
-}
-
 }  // namespace moex::ops::cuda

@@ -26,7 +26,6 @@
 #include <map>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "cuda/common.cuh"
@@ -95,52 +94,17 @@ __device__ __forceinline__ void residual8(const T* h, const NormArgs<T>& na, int
   }
 }
 
-// One column group of one segment: kColumns output columns, column c being row
-// n0 + (c & 1) + (c >> 1) * hop of the segment's weight: n0 .. n0 + 3 (hop 2), or in the rope
-// launch's q / k segments the pairs i, i + 1 of a head beside their partners i + half, i + 1 + half
-// (hop = half), so that a group's four results are two whole rotation pairs.
+// One column group of one segment: kColumns output columns starting at n0.
 template <class T>
 struct ColumnGroup {
   const T* w;
   const T* bias;
   T* y;
   int64_t out, n0;
-  int cols, hop, seg;
-  __device__ __forceinline__ int64_t row(int c) const { return n0 + (c & 1) + (c >> 1) * hop; }
+  int cols;
 };
-
-// The rope launch (norm_qkv_rope_gemv): segments 0 / 1 / 2 are q / k / v of one row, q and k whole
-// heads of head_dim = 2 * half rows. Their results are rounded to act, q and k rotated as rope.cu
-// does (cos / sin of the row's position in double, every product and sum rounded to act), and k and
-// v also written to column `past` of their cache (batch 1).
-constexpr int kRopeMaxPairs = 256;
-constexpr int kRopeSlots = 16;  // groups per block whose cos / sin are formed before the PDL wait
 template <class T>
-struct RopeArgs {
-  float inv_freq[kRopeMaxPairs];
-  const int32_t* position;  // the row's position (the step's device mirror)
-  const int32_t* step;      // step[0]: past, the cache column of the row
-  T* k_cache;               // [capacity, k width]
-  T* v_cache;               // [capacity, v width]
-  int64_t rope_groups;      // column groups of q and k: groups [0, rope_groups)
-  int half;
-  float scale;              // attention_scaling
-  int act;
-};
-struct NoRope {};
-template <class T, bool kRope>
-using RopeOf = std::conditional_t<kRope, RopeArgs<T>, NoRope>;
-
-// (cos, sin) of pair i at the row's position, rounded as rope.cu's kernel rounds them.
-template <class T>
-__device__ __forceinline__ float2 rope_cos_sin(const RopeArgs<T>& ra, int i) {
-  const float f = __fmul_rn(ra.inv_freq[i], float(*ra.position));
-  return make_float2(round_to(__fmul_rn(float(cos(double(f))), ra.scale), ra.act),
-                     round_to(__fmul_rn(float(sin(double(f))), ra.scale), ra.act));
-}
-
-template <class T, bool kRope>
-__device__ __forceinline__ ColumnGroup<T> column_group(const Segments<T>& segs, int64_t g, const RopeOf<T, kRope>& ra) {
+__device__ __forceinline__ ColumnGroup<T> column_group(const Segments<T>& segs, int64_t g) {
   int si = 0;
 #pragma unroll
   for (int i = 1; i < kGemvMaxSegments; ++i)
@@ -150,63 +114,17 @@ __device__ __forceinline__ ColumnGroup<T> column_group(const Segments<T>& segs, 
   c.bias = segs.s[si].bias;
   c.y = segs.s[si].y;
   c.out = segs.s[si].out;
-  c.seg = si;
-  const int64_t gl = g - segs.s[si].block0;
-  if constexpr (kRope) {
-    if (g < ra.rope_groups) {  // half / 2 groups per head
-      const int per_head = ra.half / 2;
-      c.n0 = (gl / per_head) * (2 * ra.half) + (gl % per_head) * 2;
-      c.hop = ra.half;
-      c.cols = kColumns;
-      return c;
-    }
-  }
-  c.n0 = gl * kColumns;
-  c.hop = 2;
+  c.n0 = (g - segs.s[si].block0) * kColumns;
   c.cols = c.out - c.n0 < kColumns ? int(c.out - c.n0) : kColumns;
   return c;
-}
-
-// The rope launch's result of one column group, threads 0..3 of the block (thread c: column c).
-// A q / k group's threads c and c ^ 2 hold the two halves of a rotation pair.
-template <class T>
-__device__ __forceinline__ void rope_epilogue(const ColumnGroup<T>& cur, int64_t gi, int ord,
-                                              const float (&part)[kWarps][1][kColumns], const float2* cs_sh,
-                                              const RopeArgs<T>& ra) {
-  const int c = threadIdx.x;
-  if (c >= cur.cols) return;  // a v group's tail (q / k groups are whole)
-  const int64_t n = cur.row(c);
-  float v = 0.0f;
-#pragma unroll
-  for (int q = 0; q < kWarps; ++q) v += part[q][0][c];
-  if (cur.bias) v += moex::cuda::to_float<T>(cur.bias[n]);
-  float out = round_to(v, ra.act);  // the linear's result, as linear() rounds it
-  if (gi < ra.rope_groups) {  // the same for the group's four threads
-    const float other = __shfl_xor_sync(0xfu, out, 2);
-    const float2 cs = ord < kRopeSlots ? cs_sh[2 * ord + (c & 1)] : rope_cos_sin(ra, int(n % (2 * ra.half)) - (c >> 1) * ra.half);
-    const float x1 = c < 2 ? out : other, x2 = c < 2 ? other : out;
-    // rope.cu's (x * cos) + (rotate_half(x) * sin), each product and sum rounded to act.
-    if (c < 2) {
-      const float a = round_to(__fmul_rn(x1, cs.x), ra.act), b = round_to(__fmul_rn(-x2, cs.y), ra.act);
-      out = round_to(__fadd_rn(a, b), ra.act);
-    } else {
-      const float d = round_to(__fmul_rn(x2, cs.x), ra.act), e = round_to(__fmul_rn(x1, cs.y), ra.act);
-      out = round_to(__fadd_rn(d, e), ra.act);
-    }
-  }
-  const T o = moex::cuda::from_float<T>(out);
-  cur.y[n] = o;
-  if (cur.seg > 0) (cur.seg == 1 ? ra.k_cache : ra.v_cache)[int64_t(ra.step[0]) * cur.out + n] = o;
 }
 
 // Block b computes column groups b, b + gridDim.x, ... of `groups` (a grid of a few blocks per SM,
 // every block resident: each loads its first group's weights before the PDL wait, forms the norm
 // once, and loads the next group's first chunk before reducing the current one).
-template <class T, int M, bool kNorm, bool kRope = false>
+template <class T, int M, bool kNorm>
 __global__ void __launch_bounds__(kWarps * 32)
-    gemv_kernel(const T* __restrict__ x, const Segments<T> segs, int64_t groups, int64_t in, const NormArgs<T> na,
-                const RopeOf<T, kRope> ra) {
-  static_assert(!kRope || (kNorm && M == 1), "the rope epilogue is the one-row q / k / v launch's");
+    gemv_kernel(const T* __restrict__ x, const Segments<T> segs, int64_t groups, int64_t in, const NormArgs<T> na) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t step = int64_t(kWarps) * kChunk;
   const int64_t k0 = int64_t(warp) * kChunk + lane * 8;
@@ -214,25 +132,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   auto load_w = [&](const ColumnGroup<T>& g, int64_t kk) {
 #pragma unroll
     for (int c = 0; c < kColumns; ++c)
-      wv[c] = c < g.cols ? __ldcs(reinterpret_cast<const uint4*>(g.w + (kRope ? g.row(c) : g.n0 + c) * in + kk))
-                         : make_uint4(0, 0, 0, 0);
+      wv[c] = c < g.cols ? __ldcs(reinterpret_cast<const uint4*>(g.w + (g.n0 + c) * in + kk)) : make_uint4(0, 0, 0, 0);
   };
 
   // The weights are no kernel's output: the first chunk is loaded before waiting for the kernel
   // that writes x (pdl.cuh), and each later chunk is loaded before the previous one is used.
   int64_t gi = blockIdx.x;
-  ColumnGroup<T> cur = column_group<T, kRope>(segs, gi, ra);
+  ColumnGroup<T> cur = column_group(segs, gi);
   if (k0 < in) load_w(cur, k0);
-  // cos / sin of the first kRopeSlots rope groups of this block, before the wait: the position is
-  // written two or more launches earlier (pdl.cuh), and the double-precision sin / cos then
-  // overlap the kernel before (the kernel's norm path has barriers before they are read).
-  __shared__ float2 cs_sh[kRope ? 2 * kRopeSlots : 1];
-  if constexpr (kRope) {
-    if (threadIdx.x < 2 * kRopeSlots) {
-      const int64_t g = blockIdx.x + int64_t(threadIdx.x >> 1) * gridDim.x;
-      if (g < ra.rope_groups) cs_sh[threadIdx.x] = rope_cos_sin(ra, int(g % (ra.half / 2)) * 2 + (threadIdx.x & 1));
-    }
-  }
   moex::cuda::pdl_wait();
   moex::cuda::pdl_trigger();
   __shared__ float r_sh[M];
@@ -277,11 +184,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 
   __shared__ float part[kWarps][M][kColumns];
-  for (int ord = 0;; ++ord) {  // ord: the group's rank among this block's groups
+  for (;;) {
     const int64_t gn = gi + gridDim.x;
     const bool has_next = gn < groups;
     ColumnGroup<T> next = cur;
-    if (has_next) next = column_group<T, kRope>(segs, gn, ra);
+    if (has_next) next = column_group(segs, gn);
     float acc[M][kColumns];
 #pragma unroll
     for (int m = 0; m < M; ++m)
@@ -322,9 +229,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         if (lane == 0) part[warp][m][c] = v;
       }
     __syncthreads();
-    if constexpr (kRope) {
-      if (threadIdx.x < kColumns) rope_epilogue(cur, gi, ord, part, cs_sh, ra);
-    } else if (threadIdx.x < M * kColumns) {
+    if (threadIdx.x < M * kColumns) {
       const int m = threadIdx.x / kColumns, c = threadIdx.x % kColumns;
       if (c < cur.cols) {
         float v = 0.0f;
@@ -368,37 +273,27 @@ int64_t gemv_grid(Kernel kernel, int64_t groups, int64_t rows, int device) {
 
 template <class T, int M>
 void launch(const T* x, const Segments<T>& segs, int64_t groups, int64_t in, cudaStream_t s, int device,
-            const NormArgs<T>* na, const RopeArgs<T>* ra) {
-  if constexpr (M == 1) {
-    if (na && ra) {
-      auto k = gemv_kernel<T, 1, true, true>;
-      moex::cuda::launch_pdl(k, dim3(unsigned(gemv_grid(k, groups, M, device))), dim3(kWarps * 32), 0, s, device, x,
-                             segs, groups, in, *na, *ra);
-      return;
-    }
-  }
-  if (ra) throw InvalidInput("norm_qkv_rope_gemv: one row with its norm");
+            const NormArgs<T>* na) {
   if constexpr (M <= kNormGemvMaxRows) {
     if (na) {
       auto k = gemv_kernel<T, M, true>;
       moex::cuda::launch_pdl(k, dim3(unsigned(gemv_grid(k, groups, M, device))), dim3(kWarps * 32), 0, s, device, x,
-                             segs, groups, in, *na, NoRope{});
+                             segs, groups, in, *na);
       return;
     }
   }
   if (na) throw InvalidInput("norm_linears: more rows than the norm-forming GEMV takes");
   auto k = gemv_kernel<T, M, false>;
   moex::cuda::launch_pdl(k, dim3(unsigned(gemv_grid(k, groups, M, device))), dim3(kWarps * 32), 0, s, device, x, segs,
-                         groups, in, NormArgs<T>{}, NoRope{});
+                         groups, in, NormArgs<T>{});
 }
 
 // x [rows, in]; weights[i] [out_i, in] with bias[i] (or undefined) into ys[i] [rows, out_i]. With
-// na, x is the h of NormArgs and the linears read its norm; with ra (and na, one row), the
-// weights are q / k / v, and ra's rope_groups is set here.
+// na, x is the h of NormArgs and the linears read its norm.
 template <class T>
 void launch_segments(const Tensor& x, std::span<const Tensor* const> weights,
                      std::span<const Tensor* const> biases, std::vector<Tensor>& ys, cudaStream_t s,
-                     const NormArgs<T>* na = nullptr, RopeArgs<T>* ra = nullptr) {
+                     const NormArgs<T>* na = nullptr) {
   const int device = x.device().index;
   Segments<T> segs{};
   int64_t blocks = 0;
@@ -412,21 +307,17 @@ void launch_segments(const Tensor& x, std::span<const Tensor* const> weights,
     blocks += (out + kColumns - 1) / kColumns;
   }
   if (blocks == 0) return;
-  if (ra) {
-    if (segs.n != 3) throw InvalidInput("norm_qkv_rope_gemv: q, k and v, none of them empty");
-    ra->rope_groups = segs.s[2].block0;
-  }
   const T* xp = static_cast<const T*>(x.raw());
   const int64_t in = weights[0]->size(1);
   switch (x.size(0)) {
-    case 1: launch<T, 1>(xp, segs, blocks, in, s, device, na, ra); break;
-    case 2: launch<T, 2>(xp, segs, blocks, in, s, device, na, nullptr); break;
-    case 3: launch<T, 3>(xp, segs, blocks, in, s, device, na, nullptr); break;
-    case 4: launch<T, 4>(xp, segs, blocks, in, s, device, na, nullptr); break;
-    case 5: launch<T, 5>(xp, segs, blocks, in, s, device, na, nullptr); break;
-    case 6: launch<T, 6>(xp, segs, blocks, in, s, device, na, nullptr); break;
-    case 7: launch<T, 7>(xp, segs, blocks, in, s, device, na, nullptr); break;
-    default: launch<T, 8>(xp, segs, blocks, in, s, device, na, nullptr); break;
+    case 1: launch<T, 1>(xp, segs, blocks, in, s, device, na); break;
+    case 2: launch<T, 2>(xp, segs, blocks, in, s, device, na); break;
+    case 3: launch<T, 3>(xp, segs, blocks, in, s, device, na); break;
+    case 4: launch<T, 4>(xp, segs, blocks, in, s, device, na); break;
+    case 5: launch<T, 5>(xp, segs, blocks, in, s, device, na); break;
+    case 6: launch<T, 6>(xp, segs, blocks, in, s, device, na); break;
+    case 7: launch<T, 7>(xp, segs, blocks, in, s, device, na); break;
+    default: launch<T, 8>(xp, segs, blocks, in, s, device, na); break;
   }
 }
 
@@ -468,19 +359,9 @@ bool norm_gemv_serves(const Tensor& h, const Tensor* delta, const Tensor& norm_w
          ok16(norm_weight) && norm_weight.numel() == h.size(1);
 }
 
-namespace {
-
-// The rope launch's part of a norm_linears launch (norm_qkv_rope_gemv).
-struct QkvRope {
-  int64_t head_dim;
-  const Rope* rope;
-  const Step* step;
-  LayerKV* kv;
-};
-
-std::vector<Tensor> norm_gemv(Tensor& h, const Tensor* delta, const Tensor& norm_weight, float eps, RmsNormStyle style,
-                              std::span<const Tensor* const> weights, std::span<const Tensor* const> biases,
-                              Tensor* x_out, const QkvRope* qr) {
+std::vector<Tensor> norm_linear_gemv_segments(Tensor& h, const Tensor* delta, const Tensor& norm_weight, float eps,
+                                              RmsNormStyle style, std::span<const Tensor* const> weights,
+                                              std::span<const Tensor* const> biases, Tensor* x_out) {
   if (weights.empty() || weights.size() > size_t(kGemvMaxSegments) || biases.size() != weights.size())
     throw InvalidInput("norm_linears: 1.." + std::to_string(kGemvMaxSegments) + " weights, one bias slot each");
   const DType act = h.dtype();
@@ -493,13 +374,6 @@ std::vector<Tensor> norm_gemv(Tensor& h, const Tensor* delta, const Tensor& norm
   }
   Tensor h_new = delta ? Tensor::empty(h.shape(), act, h.device()) : Tensor();
   if (x_out) *x_out = Tensor::empty(h.shape(), act, h.device());
-  if (qr) {
-    kv_reserve(*qr->kv, ys[1], ys[2], *qr->step);
-    const LayerKV& kv = *qr->kv;
-    if (kv.k.dtype() != act || kv.v.dtype() != act || kv.k.size(0) != 1 || kv.k.size(2) != ys[1].size(1) ||
-        kv.v.size(2) != ys[2].size(1))
-      throw InvalidInput("norm_qkv_rope_gemv: a cache of one sequence in the activation dtype, as wide as k and v");
-  }
   cudaStream_t s = moex::cuda::current_stream();
   const int code = act == DType::kBF16 ? moex::cuda::kCodeBF16 : moex::cuda::kCodeF16;
   auto run = [&](auto t) {
@@ -512,54 +386,12 @@ std::vector<Tensor> norm_gemv(Tensor& h, const Tensor* delta, const Tensor& norm
     na.inner = style == RmsNormStyle::kLlama ? code : moex::cuda::kCodeF32;
     na.x_out = x_out ? static_cast<T*>(x_out->raw()) : nullptr;
     na.h_out = h_new.defined() ? static_cast<T*>(h_new.raw()) : nullptr;
-    if (!qr) {
-      launch_segments<T>(h, weights, biases, ys, s, &na);
-      return;
-    }
-    const Step& step = *qr->step;
-    const Rope& rope = *qr->rope;
-    RopeArgs<T> ra{};
-    ra.half = int(qr->head_dim / 2);
-    for (int i = 0; i < ra.half; ++i) ra.inv_freq[i] = float(rope.inv_freq[size_t(i)]);
-    ra.position = device_step_data(step, h.device(), "norm_qkv_rope_gemv") + device_step_position_offset(step);
-    ra.step = device_step_data(step, h.device(), "norm_qkv_rope_gemv");
-    ra.k_cache = static_cast<T*>(qr->kv->k.raw());
-    ra.v_cache = static_cast<T*>(qr->kv->v.raw());
-    ra.scale = float(rope.attention_scaling);
-    ra.act = code;
-    launch_segments<T>(h, weights, biases, ys, s, &na, &ra);
+    launch_segments<T>(h, weights, biases, ys, s, &na);
   };
   if (act == DType::kBF16) run(__nv_bfloat16{});
   else run(__half{});
   if (h_new.defined()) h = h_new;
-  if (qr) qr->kv->filled += qr->step->tokens;
   return ys;
-}
-
-}  // namespace
-
-std::vector<Tensor> norm_linear_gemv_segments(Tensor& h, const Tensor* delta, const Tensor& norm_weight, float eps,
-                                              RmsNormStyle style, std::span<const Tensor* const> weights,
-                                              std::span<const Tensor* const> biases, Tensor* x_out) {
-  return norm_gemv(h, delta, norm_weight, eps, style, weights, biases, x_out, nullptr);
-}
-
-bool norm_qkv_rope_gemv_serves(const Tensor& h, std::span<const Tensor* const> weights, int64_t heads_q,
-                               int64_t heads_k, int64_t head_dim, const Rope& rope, RopeLayout layout,
-                               const Step& step, const LayerKV& kv, DType act) {
-  if (weights.size() != 3 || h.dim() != 2 || h.size(0) != 1 || step.batch != 1 || step.tokens != 1) return false;
-  const auto cache_ok = [&](const Tensor& c) { return !c.defined() || c.dtype() == act; };
-  return layout == RopeLayout::kHalf && rope.rotary_dim == head_dim && head_dim % 4 == 0 && head_dim > 0 &&
-         head_dim / 2 <= kRopeMaxPairs && int64_t(rope.inv_freq.size()) >= head_dim / 2 && heads_q > 0 &&
-         heads_k > 0 && weights[0]->size(0) == heads_q * head_dim && weights[1]->size(0) == heads_k * head_dim &&
-         weights[2]->size(0) > 0 && cache_ok(kv.k) && cache_ok(kv.v) && (kv.k.defined() == kv.v.defined());
-}
-
-std::vector<Tensor> norm_qkv_rope_gemv(Tensor& h, const Tensor& norm_weight, float eps, RmsNormStyle style,
-                                       std::span<const Tensor* const> weights, std::span<const Tensor* const> biases,
-                                       int64_t head_dim, const Rope& rope, const Step& step, LayerKV& kv) {
-  const QkvRope qr{head_dim, &rope, &step, &kv};
-  return norm_gemv(h, nullptr, norm_weight, eps, style, weights, biases, nullptr, &qr);
 }
 
 Tensor linear_gemv(const Tensor& x, const Tensor& weight, const Tensor& bias) {
