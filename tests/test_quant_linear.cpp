@@ -7,13 +7,16 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "cpu/quant_linear.hpp"
 #include "moex/dtype.hpp"
 #include "moex/quant.hpp"
+#include "moex/safetensors.hpp"
 #include "ops/ops.hpp"
+#include "test_safetensors_util.hpp"
 
 #ifdef MOEX_WITH_CUDA
 #include "cuda/experts_ops.hpp"
@@ -236,6 +239,42 @@ TEST(QuantLinear, HoldsTheStoredBytesOnly) {
   const Made m4 = make(f, 6);
   const ops::LinearWeight w4 = ops::prepare_quantized_linear(m4.codes, m4.scale, m4.scheme, f.n, f.k);
   EXPECT_EQ(w4.nbytes(), 33 * 500 + 33 * 32);
+}
+
+// Host codes of 2 MiB or more leave the checkpoint's file mapping when prepared (they are copied
+// into anonymous memory that can be put on huge pages, and the mapping's pages are given back):
+// the prepared weight holds the stored bytes, no more, and computes what the mapped codes do, bit
+// for bit, and what the float64 reference does. Anonymous codes are kept as they are.
+TEST(QuantLinear, LargeHostCodesLeaveTheFileMapping) {
+  for (auto kind : {QuantScheme::Kind::kFp8E4M3, QuantScheme::Kind::kFp4E2M1}) {
+    const bool fp4 = kind == QuantScheme::Kind::kFp4E2M1;
+    const Case c{kind, DType::kF8E8M0, 7, 1100, fp4 ? 4160 : 2050, false};  // 2.2 MB of codes
+    const Made m = make(c, 21);
+    ASSERT_GE(m.codes.nbytes(), size_t(2) << 20);
+    test::TempDir dir;
+    const std::string path = dir.file("w.safetensors");
+    save_safetensors(path, {{"codes", m.codes}, {"scale", m.scale}});
+    const auto file = SafetensorsFile::open(path);
+    const Tensor mapped = file->get("codes");
+    ASSERT_TRUE(mapped.storage() && mapped.storage()->file_mapped());
+    const ops::LinearWeight w = ops::prepare_quantized_linear(mapped, file->get("scale"), m.scheme, c.n, c.k);
+    ASSERT_TRUE(w.tensor.storage());
+    EXPECT_FALSE(w.tensor.storage()->file_mapped()) << name_of(c);
+    EXPECT_EQ(w.nbytes(), int64_t(m.codes.nbytes() + m.scale.nbytes())) << name_of(c);
+    ASSERT_EQ(w.tensor.nbytes(), m.codes.nbytes());
+    EXPECT_EQ(std::memcmp(w.tensor.raw(), m.codes.raw(), m.codes.nbytes()), 0) << name_of(c);
+    // The same product as the codes read in place (a weight assembled around the mapping).
+    ops::LinearWeight in_place = w;
+    in_place.tensor = mapped;
+    const Tensor y = ops::linear(m.x, w, Tensor(), DType::kF32);
+    const Tensor y_mapped = ops::linear(m.x, in_place, Tensor(), DType::kF32);
+    ASSERT_EQ(y.nbytes(), y_mapped.nbytes());
+    EXPECT_EQ(std::memcmp(y.raw(), y_mapped.raw(), y.nbytes()), 0) << name_of(c);
+    EXPECT_LT(rel_l2(y, reference(c, m)), 1e-5) << name_of(c);
+    // Anonymous codes: the same tensor, kept in place.
+    const ops::LinearWeight anon = ops::prepare_quantized_linear(m.codes, m.scale, m.scheme, c.n, c.k);
+    EXPECT_EQ(anon.tensor.raw(), m.codes.raw()) << name_of(c);
+  }
 }
 
 TEST(QuantLinear, ZeroRows) {
