@@ -163,24 +163,11 @@ LinearWeight prepare_linear(const Tensor& weight, bool keep_tensor) {
 
 LinearWeight prepare_quantized_linear(const Tensor& codes, const Tensor& scale, const QuantScheme& quant,
                                       int64_t out, int64_t in) {
-  // Both devices run quantized linears in place (host: src/cpu/quant_linear.cpp; CUDA:
-  // src/ops/cuda/linear_quant.cu): nothing is converted. Host codes go onto transparent huge
-  // pages, as the quantized experts' do (cpu/experts_quant.hpp says why: at one row the kernel
-  // streams them at the DRAM's pace, and in 4 KiB pages every 4 KiB waits on a page walk); codes
-  // still in the checkpoint's file mapping are copied into anonymous memory first (the mapping
-  // cannot be collapsed) and the mapping's pages given back, so the resident size stays the
-  // stored size.
-  Tensor c = codes;
-  if (c.defined() && c.device().is_cpu() && c.is_contiguous() && c.nbytes() >= (int64_t(2) << 20)) {
-    if (c.storage() && c.storage()->file_mapped()) {
-      Tensor copy = c.clone();
-      c.release_file_pages();
-      c = std::move(copy);
-    }
-    c.collapse_to_huge_pages();
-  }
+  // Both devices run quantized linears in place (CUDA: src/ops/cuda/linear_quant.cu): nothing
+  // is converted. The host keeps its codes on huge pages (cpu::prepare_quantized_linear).
+  if (!codes.defined() || codes.device().is_cpu()) return cpu::prepare_quantized_linear(codes, scale, quant, out, in);
   LinearWeight w;
-  w.tensor = c;
+  w.tensor = codes;
   w.scale = scale;
   w.quant = quant;
   w.out = out;

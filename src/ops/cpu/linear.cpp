@@ -4,7 +4,11 @@
 #include <algorithm>
 #include <vector>
 
+#include <cstring>
+#include <memory>
+
 #include "core/parallel_errors.hpp"
+#include "cpu/big_alloc.hpp"
 #include "cpu/dense_linear.hpp"
 #include "cpu/quant_linear.hpp"
 #include "ops/cpu/cpu_ops.hpp"
@@ -37,6 +41,39 @@ LinearWeight prepare_linear(const Tensor& weight, bool keep_tensor) {
   const bool mapped = weight.storage() && weight.storage()->file_mapped();
   if (mapped) weight.release_file_pages();
   else if (!keep_tensor) w.tensor = Tensor();
+  return w;
+}
+
+LinearWeight prepare_quantized_linear(const Tensor& codes, const Tensor& scale, const QuantScheme& quant,
+                                      int64_t out, int64_t in) {
+  // The codes are read in place (src/cpu/quant_linear.cpp), on transparent huge pages as the
+  // quantized experts' are (cpu/experts_quant.hpp says why: at one row the kernel streams them at
+  // the DRAM's pace, and in 4 KiB pages every 4 KiB waits on a page walk). Codes still in the
+  // checkpoint's file mapping cannot be collapsed: they are copied into a 2 MiB-aligned buffer
+  // (every whole 2 MiB of it one huge page; a plain allocation of 2-4 MiB may hold none) and the
+  // mapping's pages given back, so the resident size stays the stored size. Smaller codes stay
+  // where they are.
+  Tensor c = codes;
+  const size_t bytes = c.defined() ? c.nbytes() : 0;
+  if (bytes >= moex::cpu::kHugePage && c.is_contiguous()) {
+    if (c.storage() && c.storage()->file_mapped()) {
+      void* p = moex::cpu::big_alloc(bytes);
+      std::memcpy(p, c.raw(), bytes);
+      auto storage = std::make_shared<Storage>(p, bytes, Device::cpu(),
+                                               [bytes](void* q) { moex::cpu::big_free(q, bytes); });
+      Tensor copy(std::move(storage), 0, c.dtype(), c.shape(), c.strides());
+      c.release_file_pages();
+      c = std::move(copy);
+    }
+    c.collapse_to_huge_pages();
+  }
+  LinearWeight w;
+  w.tensor = c;
+  w.scale = scale;
+  w.quant = quant;
+  w.out = out;
+  w.in = in;
+  w.dtype = codes.dtype();
   return w;
 }
 
