@@ -11,7 +11,7 @@
 # The masked layout comes from lab/cuda/experts_plan_variants.cpp, built here when missing.
 # Run on a Hopper machine from the repo root:  bash lab/cuda/hopper_backends_rows.sh
 # Writes $OUT/summary.txt and $OUT/logs/ (set-up: lab/cuda/device_env.sh).
-# (Its rows ran separately on an H100, about 7 minutes in all; not yet as this one script.)
+# PARTS (default "1 2 3 4") picks the groups above, to split the run (about 7 minutes in all).
 . lab/cuda/device_env.sh
 status=0
 P=$BUILD/libexperts_plan_variants.so
@@ -28,20 +28,24 @@ row() {  # label, then the bench flags
   "${M[@]}" "$@" >> "$f" 2>&1 || status=1
   { echo "== $label: $*"; cat "$f"; } >> "$S"
 }
-for s in qwen1.5-moe-a2.7b mixtral-8x7b deepseek-v3; do
+PARTS=" ${PARTS:-1 2 3 4} "
+part() { [[ $PARTS == *" $1 "* ]]; }
+part 1 && for s in qwen1.5-moe-a2.7b mixtral-8x7b deepseek-v3; do
   row "sonicmoe_$s" --shape "$s" --dtype bfloat16 --graph off --budget-s 0.2 \
     --tokens 1024,4096,16384 --backends grouped_mm,sonicmoe
 done
-row deepseek_fp8_decode --shape deepseek-v3 --dtype fp8 --graph on --budget-s 0.15 \
+part 2 && row deepseek_fp8_decode --shape deepseek-v3 --dtype fp8 --graph on --budget-s 0.15 \
   --tokens 1,2,4,16,64 --backends grouped_mm,deepgemm,deepgemm_masked
-row deepseek_fp4_decode --shape deepseek-v3 --dtype fp4 --graph on --budget-s 0.15 \
+part 2 && row deepseek_fp4_decode --shape deepseek-v3 --dtype fp4 --graph on --budget-s 0.15 \
   --tokens 1,2,4,16 --backends batched_mm,grouped_mm
 # (Unchecked: the host's float64 check of 256 experts at these sizes takes minutes.)
-for d in fp8 bfloat16; do
+part 3 && for d in fp8 bfloat16; do
   row "deepseek_${d}_compute" --shape deepseek-v3 --dtype "$d" --graph off --budget-s 0.3 \
     --tokens 4096,8192,16384 --no-check --backends grouped_mm,deepgemm
 done
-if python3 -c "import torch" 2> /dev/null; then
+if ! part 4; then
+  :
+elif python3 -c "import torch" 2> /dev/null; then
   python3 bench/fp8_side_by_side.py --moex "$BUILD/moex" --experts 32 \
     --tokens 256,4096,8192,16384 --json-out "$OUT/fp8_side_by_side.json" \
     > "$L/fp8_side_by_side.log" 2>&1 || status=1
