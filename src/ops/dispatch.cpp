@@ -163,11 +163,11 @@ LinearWeight prepare_linear(const Tensor& weight, bool keep_tensor) {
 
 LinearWeight prepare_quantized_linear(const Tensor& codes, const Tensor& scale, const QuantScheme& quant,
                                       int64_t out, int64_t in) {
-  // Both devices run quantized linears in place (CUDA: src/ops/cuda/linear_quant.cu): nothing
-  // is converted. The host keeps its codes on huge pages (cpu::prepare_quantized_linear).
-  if (!codes.defined() || codes.device().is_cpu()) return cpu::prepare_quantized_linear(codes, scale, quant, out, in);
+  // Both devices run quantized linears in place (host: src/cpu/quant_linear.cpp; CUDA:
+  // src/ops/cuda/linear_quant.cu): nothing is converted. The host keeps its codes on huge pages
+  // (cpu::prepare_quantized_codes).
   LinearWeight w;
-  w.tensor = codes;
+  w.tensor = codes.defined() && codes.device().is_cpu() ? cpu::prepare_quantized_codes(codes) : codes;
   w.scale = scale;
   w.quant = quant;
   w.out = out;

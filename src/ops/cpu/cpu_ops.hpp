@@ -54,8 +54,8 @@ void rope_(Tensor& x, int64_t heads, int64_t head_stride, int64_t offset, const 
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType act);
 LinearWeight prepare_linear(const Tensor& weight, bool keep_tensor);
-LinearWeight prepare_quantized_linear(const Tensor& codes, const Tensor& scale, const QuantScheme& quant,
-                                      int64_t out, int64_t in);
+// A quantized linear's host codes as the kernel reads them: on huge pages, out of the file mapping.
+Tensor prepare_quantized_codes(const Tensor& codes);
 Tensor linear(const Tensor& x, const LinearWeight& weight, const Tensor& bias, DType act);
 Tensor linear_per_group(const Tensor& x, const GroupedWeight& w, bool transpose_weight, DType act);
 

@@ -44,8 +44,7 @@ LinearWeight prepare_linear(const Tensor& weight, bool keep_tensor) {
   return w;
 }
 
-LinearWeight prepare_quantized_linear(const Tensor& codes, const Tensor& scale, const QuantScheme& quant,
-                                      int64_t out, int64_t in) {
+Tensor prepare_quantized_codes(const Tensor& codes) {
   // The codes are read in place (src/cpu/quant_linear.cpp), on transparent huge pages as the
   // quantized experts' are (cpu/experts_quant.hpp says why: at one row the kernel streams them at
   // the DRAM's pace, and in 4 KiB pages every 4 KiB waits on a page walk). Codes still in the
@@ -55,26 +54,18 @@ LinearWeight prepare_quantized_linear(const Tensor& codes, const Tensor& scale, 
   // where they are.
   Tensor c = codes;
   const size_t bytes = c.defined() ? c.nbytes() : 0;
-  if (bytes >= moex::cpu::kHugePage && c.is_contiguous()) {
-    if (c.storage() && c.storage()->file_mapped()) {
-      void* p = moex::cpu::big_alloc(bytes);
-      std::memcpy(p, c.raw(), bytes);
-      auto storage = std::make_shared<Storage>(p, bytes, Device::cpu(),
-                                               [bytes](void* q) { moex::cpu::big_free(q, bytes); });
-      Tensor copy(std::move(storage), 0, c.dtype(), c.shape(), c.strides());
-      c.release_file_pages();
-      c = std::move(copy);
-    }
-    c.collapse_to_huge_pages();
+  if (bytes < moex::cpu::kHugePage || !c.is_contiguous()) return c;
+  if (c.storage() && c.storage()->file_mapped()) {
+    void* p = moex::cpu::big_alloc(bytes);
+    std::memcpy(p, c.raw(), bytes);
+    auto storage =
+        std::make_shared<Storage>(p, bytes, Device::cpu(), [bytes](void* q) { moex::cpu::big_free(q, bytes); });
+    Tensor copy(std::move(storage), 0, c.dtype(), c.shape(), c.strides());
+    c.release_file_pages();
+    c = std::move(copy);
   }
-  LinearWeight w;
-  w.tensor = c;
-  w.scale = scale;
-  w.quant = quant;
-  w.out = out;
-  w.in = in;
-  w.dtype = codes.dtype();
-  return w;
+  c.collapse_to_huge_pages();
+  return c;
 }
 
 Tensor linear(const Tensor& x, const LinearWeight& weight, const Tensor& bias, DType act) {
