@@ -12,14 +12,6 @@ SPLITS=${SPLITS:-"0 1 2 4 0 1 2 4"}
 CASES=${CASES:-1x128}
 status=0
 dir=$(e2e_checkpoint "$model" "$layers")
-i=0
-for n in $SPLITS; do
-  i=$((i + 1))
-  f="$L/splits_${i}_$n.log"
-  MOEX_ATTENTION_SPLITS=$n timeout 150 "$BUILD/moex" bench generate --model "$dir" --device cuda --dtype bfloat16 \
-    --cases "$CASES" --new-tokens 64 --repeats 3 --experts-implementation auto > "$f" 2>&1 || status=1
-  echo "== $(date -u +%T) MOEX_ATTENTION_SPLITS=$n" >> "$S"
-  grep -E '^\| [0-9]' "$f" | cut -d'|' -f2-8 >> "$S"
-done
+bench_switch_rotation MOEX_ATTENTION_SPLITS "$SPLITS" "$dir" "$CASES" || status=1
 cat "$S"
 exit $status

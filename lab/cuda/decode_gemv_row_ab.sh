@@ -26,15 +26,7 @@ for r in 0 1 2; do
 done
 if cmp -s "$L/tokens_0" "$L/tokens_1" && cmp -s "$L/tokens_0" "$L/tokens_2"; then echo "greedy tokens: equal" >> "$S"
 else echo "greedy tokens: DIFFER (or a run failed: $L/generate_*.log)" >> "$S"; status=1; fi
-i=0
-for r in $ROWS; do
-  i=$((i + 1))
-  f="$L/bench_${i}_$r.log"
-  MOEX_GEMV_ROW=$r timeout 150 "$BUILD/moex" bench generate --model "$dir" --device cuda --dtype bfloat16 \
-    --cases "$CASES" --new-tokens 64 --repeats 3 --experts-implementation auto > "$f" 2>&1 || status=1
-  echo "== $(date -u +%T) MOEX_GEMV_ROW=$r" >> "$S"
-  grep -E '^\| [0-9]' "$f" | cut -d'|' -f2-8 >> "$S"
-done
+bench_switch_rotation MOEX_GEMV_ROW "$ROWS" "$dir" "$CASES" || status=1
 # Last, so that a short run keeps the timings: graph replays against direct launches.
 [ "${GRAPH_TESTS:-1}" != 0 ] && [ -x "$BUILD/tests/test_cuda_graph_decode" ] &&
   { run_gtest test_cuda_graph_decode "$BUILD/tests/test_cuda_graph_decode" || status=1; }

@@ -7,7 +7,10 @@
 # - defines `run_gtest LABEL BINARY [ARGS...]`: one GoogleTest binary, its result line and
 #   failures appended to the summary, its rc returned;
 # - defines `e2e_checkpoint MODEL LAYERS`: prints the directory of bench/e2e_side_by_side.py's
-#   random-weight checkpoint of that shape under $WORK (default /tmp/moex_e2e), made if missing.
+#   random-weight checkpoint of that shape under $WORK (default /tmp/moex_e2e), made if missing;
+# - defines `bench_switch_rotation VAR "VALUES" DIR CASES`: `moex bench generate` on DIR (batch-1
+#   style cases, 64 new tokens, 3 repeats, experts auto) once per value, in order, with the
+#   measuring switch VAR set to it; each run's rows appended to the summary; rc 1 if a run failed.
 set -u
 BUILD=${BUILD:-build-gpu}
 OUT=${OUT:-/tmp/moex_out}
@@ -42,4 +45,17 @@ e2e_checkpoint() {  # model layers
       --cases 1x8 --new-tokens 2 --repeats 1 --hf-impls none --work "$work" > "$L/checkpoint.log" 2>&1
   fi
   echo "$dir"
+}
+
+bench_switch_rotation() {  # var "values" dir cases
+  local var=$1 values=$2 dir=$3 cases=$4 i=0 v f rc=0
+  for v in $values; do
+    i=$((i + 1))
+    f="$L/bench_${var}_${i}_$v.log"
+    env "$var=$v" timeout 150 "$BUILD/moex" bench generate --model "$dir" --device cuda --dtype bfloat16 \
+      --cases "$cases" --new-tokens 64 --repeats 3 --experts-implementation auto > "$f" 2>&1 || rc=1
+    echo "== $(date -u +%T) $var=$v" >> "$S"
+    grep -E '^\| [0-9]' "$f" | cut -d'|' -f2-8 >> "$S"
+  done
+  return $rc
 }
