@@ -140,6 +140,16 @@ __global__ void __launch_bounds__(kWarps * 32)
   int64_t gi = blockIdx.x;
   ColumnGroup<T> cur = column_group(segs, gi);
   if (k0 < in) load_w(cur, k0);
+  // One row: the bias of the column this thread finishes (threads below kColumns), loaded a group
+  // ahead like the weights; in the epilogue its load was a dependent round trip per group of the
+  // persistent grid (batch-1 decode +0.7 % on the H100, docs/gpu_model.md). More rows keep the
+  // epilogue's load: the register held across the loop would cost those instances occupancy.
+  auto load_bias = [&](const ColumnGroup<T>& g) {
+    const int c = int(threadIdx.x);
+    if constexpr (M == 1) return c < g.cols && g.bias ? moex::cuda::to_float<T>(g.bias[g.n0 + c]) : 0.0f;
+    return 0.0f;
+  };
+  float bias_cur = load_bias(cur);
   moex::cuda::pdl_wait();
   moex::cuda::pdl_trigger();
   __shared__ float r_sh[M];
@@ -189,6 +199,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const bool has_next = gn < groups;
     ColumnGroup<T> next = cur;
     if (has_next) next = column_group(segs, gn);
+    const float bias_next = has_next ? load_bias(next) : 0.0f;
     float acc[M][kColumns];
 #pragma unroll
     for (int m = 0; m < M; ++m)
@@ -235,7 +246,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         float v = 0.0f;
 #pragma unroll
         for (int q = 0; q < kWarps; ++q) v += part[q][m][c];
-        if (cur.bias) v += moex::cuda::to_float<T>(cur.bias[cur.n0 + c]);
+        if (cur.bias) v += M == 1 ? bias_cur : moex::cuda::to_float<T>(cur.bias[cur.n0 + c]);
         cur.y[int64_t(m) * cur.out + cur.n0 + c] = moex::cuda::from_float<T>(v);
       }
     }
@@ -243,6 +254,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncthreads();  // part is rewritten for the next group
     gi = gn;
     cur = next;
+    bias_cur = bias_next;
   }
 }
 
