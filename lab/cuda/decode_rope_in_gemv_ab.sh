@@ -30,17 +30,13 @@ else echo "greedy tokens: DIFFER (or a run failed: $L/generate_*.log)" >> "$S"; 
 i=0
 for r in $ROPES; do
   i=$((i + 1))
-  f="$L/bench_${i}_$r.log"
   lib=$PWD/$BUILD; rope=$r
   if [ "$r" = base ]; then
     rope=0
     case $BASE in /*) lib=$BASE ;; *) lib=$PWD/$BASE ;; esac
   fi
-  LD_LIBRARY_PATH=$lib:$LD_LIBRARY_PATH MOEX_ROPE_IN_GEMV=$rope timeout 150 "$BUILD/moex" bench generate \
-    --model "$dir" --device cuda --dtype bfloat16 --cases "$CASES" --new-tokens 64 --repeats 3 \
-    --experts-implementation auto > "$f" 2>&1 || status=1
-  echo "== $(date -u +%T) $r" >> "$S"
-  grep -E '^\| [0-9]' "$f" | cut -d'|' -f2-8 >> "$S"
+  bench_generate_row "${i}_$r" "$dir" "$CASES" "LD_LIBRARY_PATH=$lib:$LD_LIBRARY_PATH" \
+    "MOEX_ROPE_IN_GEMV=$rope" || status=1
 done
 cat "$S"
 exit $status

@@ -8,9 +8,11 @@
 #   failures appended to the summary, its rc returned;
 # - defines `e2e_checkpoint MODEL LAYERS`: prints the directory of bench/e2e_side_by_side.py's
 #   random-weight checkpoint of that shape under $WORK (default /tmp/moex_e2e), made if missing;
-# - defines `bench_switch_rotation VAR "VALUES" DIR CASES`: `moex bench generate` on DIR (batch-1
-#   style cases, 64 new tokens, 3 repeats, experts auto) once per value, in order, with the
-#   measuring switch VAR set to it; each run's rows appended to the summary; rc 1 if a run failed.
+# - defines `bench_generate_row LABEL DIR CASES [VAR=VALUE...]`: one `moex bench generate` on DIR
+#   (64 new tokens, 3 repeats, experts auto) with those variables set (LD_LIBRARY_PATH=... picks
+#   another library), its rows appended to the summary under LABEL; its rc returned;
+# - defines `bench_switch_rotation VAR "VALUES" DIR CASES`: bench_generate_row once per value, in
+#   order, with the measuring switch VAR set to it; rc 1 if a run failed.
 set -u
 BUILD=${BUILD:-build-gpu}
 OUT=${OUT:-/tmp/moex_out}
@@ -47,15 +49,23 @@ e2e_checkpoint() {  # model layers
   echo "$dir"
 }
 
+bench_generate_row() {  # label dir cases [VAR=VALUE...]
+  local label=$1 dir=$2 cases=$3 rc
+  shift 3
+  local f="$L/bench_$(printf '%s' "$label" | tr -c 'A-Za-z0-9_.=-' '_').log"
+  env "$@" timeout 150 "$BUILD/moex" bench generate --model "$dir" --device cuda --dtype bfloat16 \
+    --cases "$cases" --new-tokens 64 --repeats 3 --experts-implementation auto > "$f" 2>&1
+  rc=$?
+  echo "== $(date -u +%T) $label" >> "$S"
+  grep -E '^\| [0-9]' "$f" | cut -d'|' -f2-8 >> "$S"
+  return $rc
+}
+
 bench_switch_rotation() {  # var "values" dir cases
-  local var=$1 values=$2 dir=$3 cases=$4 i=0 v f rc=0
+  local var=$1 values=$2 dir=$3 cases=$4 i=0 v rc=0
   for v in $values; do
     i=$((i + 1))
-    f="$L/bench_${var}_${i}_$v.log"
-    env "$var=$v" timeout 150 "$BUILD/moex" bench generate --model "$dir" --device cuda --dtype bfloat16 \
-      --cases "$cases" --new-tokens 64 --repeats 3 --experts-implementation auto > "$f" 2>&1 || rc=1
-    echo "== $(date -u +%T) $var=$v" >> "$S"
-    grep -E '^\| [0-9]' "$f" | cut -d'|' -f2-8 >> "$S"
+    bench_generate_row "${var}_${i}_$v" "$dir" "$cases" "$var=$v" || rc=1
   done
   return $rc
 }

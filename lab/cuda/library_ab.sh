@@ -37,12 +37,9 @@ done <<< "$EXPERTS"
 if [ -n "${MODEL:-}" ]; then
   dir=$(e2e_checkpoint "$MODEL" "${LAYERS:-24}")
   for who in $ORDER; do
-    i=$((i + 1)); f="$L/generate_${i}_$who.log"
-    LD_LIBRARY_PATH=$(lib_of "$who"):$LD_LIBRARY_PATH timeout 150 "$BUILD/moex" bench generate \
-      --model "$dir" --device cuda --dtype bfloat16 --cases "$CASES" --new-tokens 64 --repeats 3 \
-      --experts-implementation auto > "$f" 2>&1 || status=1
-    echo "== $(date -u +%T) $who generate" >> "$S"
-    grep -E '^\| [0-9]' "$f" | cut -d'|' -f2-8 >> "$S"
+    i=$((i + 1))
+    bench_generate_row "generate_${i}_$who" "$dir" "$CASES" \
+      "LD_LIBRARY_PATH=$(lib_of "$who"):$LD_LIBRARY_PATH" || status=1
   done
 fi
 cat "$S"
