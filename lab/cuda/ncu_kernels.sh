@@ -6,7 +6,8 @@
 # With FULL=1 also the full ncu sections (warp stalls, scheduler, memory tables, SASS source view
 # with stall samples) of moex's wgmma GEMMs and the CUTLASS kernels, as .ncu-rep files and text.
 # Run on a Hopper machine with Nsight Compute, from the repo root:
-#   bash lab/cuda/ncu_kernels.sh [SHAPE [T]]      (default mixtral-8x7b 4096)
+#   [BACKEND=sonicmoe] bash lab/cuda/ncu_kernels.sh [SHAPE [T]]      (default mixtral-8x7b 4096)
+# BACKEND (default grouped_mm) names moex's backend; sonicmoe's forward has no gather launch.
 # Writes $OUT/ncu_moex_SHAPE_T.log, $OUT/ncu_transformers_SHAPE_T.log (raw ncu output), one
 # condensed line per launch in $OUT/summary.txt (lab/cuda/ncu_condense.py), with FULL=1
 # $OUT/{moex,cutlass}_SHAPE_T.{ncu-rep,details.txt}; set-up and defaults: lab/cuda/device_env.sh.
@@ -17,7 +18,7 @@ M=$M,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,lts
 M=$M,lts__t_sector_hit_rate.pct,lts__throughput.avg.pct_of_peak_sustained_elapsed
 M=$M,launch__cluster_dim_x,launch__grid_size,sm__cycles_active.avg.pct_of_peak_sustained_elapsed
 # One forward is five launches (route, gather, gate_up, down, combine); skip the warm-up ones.
-BENCH=("$BUILD/moex" bench experts --device cuda --backends grouped_mm --graph off --no-check
+BENCH=("$BUILD/moex" bench experts --device cuda --backends "${BACKEND:-grouped_mm}" --graph off --no-check
        --min-iters 3 --budget-s 0.05 --bandwidth-gbs 4268 --peak-tflops 800 --shape "$shape" --tokens "$T")
 timeout 300 ncu --cache-control none --clock-control none --metrics "$M" --launch-skip 20 --launch-count 5 \
   --kernel-name 'regex:route_by_expert|gather_sorted|grouped_gemm|combine' "${BENCH[@]}" \
