@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (k0 < in) load_w(cur, k0);
   // One row: the bias of the column this thread finishes (threads below kColumns), loaded a group
   // ahead like the weights; in the epilogue its load was a dependent round trip per group of the
-  // persistent grid (batch-1 decode +0.7 % on the H100, docs/gpu_model.md). More rows keep the
+  // persistent grid (batch-1 decode +0.7-0.8 % on the H100, docs/gpu_model.md). More rows keep the
   // epilogue's load: the register held across the loop would cost those instances occupancy.
   auto load_bias = [&](const ColumnGroup<T>& g) {
     const int c = int(threadIdx.x);
