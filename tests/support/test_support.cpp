@@ -3,14 +3,17 @@
 #include "core/device_hooks.hpp"
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -257,14 +260,28 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
+namespace {
+// A new empty file under `dir` that no other process owns: CTest runs test cases in parallel and
+// several pass the same shared directory (testing::TempDir()).
+std::string unique_file(const std::string& dir, const char* stem) {
+  std::string path = dir + "/" + stem + "_XXXXXX";
+  const int fd = ::mkstemp(path.data());
+  if (fd < 0) throw std::runtime_error("run_cli: cannot create a file under " + dir);
+  ::close(fd);
+  return path;
+}
+}  // namespace
+
 CliResult run_cli(const std::string& args, const std::string& tmp_dir) {
-  const std::string out = tmp_dir + "/stdout", err = tmp_dir + "/stderr";
+  const std::string out = unique_file(tmp_dir, "moex_cli_stdout"), err = unique_file(tmp_dir, "moex_cli_stderr");
   const std::string cmd = std::string(MOEX_CLI_PATH) + " " + args + " >" + out + " 2>" + err;
   const int status = std::system(cmd.c_str());
   CliResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.out = read_file(out);
   r.err = read_file(err);
+  std::remove(out.c_str());
+  std::remove(err.c_str());
   return r;
 }
 

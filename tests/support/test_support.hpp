@@ -106,7 +106,7 @@ struct CliResult {
   std::string out, err;
 };
 // Runs `MOEX_CLI_PATH ARGS` (ARGS already shell-quoted) through the shell, stdout and stderr
-// captured separately in files under `tmp_dir`.
+// captured separately in files of their own under `tmp_dir` (safe to share between tests).
 CliResult run_cli(const std::string& args, const std::string& tmp_dir);
 std::string read_file(const std::string& path);
 
