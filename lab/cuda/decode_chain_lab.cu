@@ -33,6 +33,8 @@
 //                   the block's first chunk of the next GEMV loaded before it waits;
 //   persistent/N np the same without that load ahead (what the load ahead is worth);
 //   layer/N         one persistent kernel per layer (24 launches with PDL between them).
+// Then the same variants on a chain of as many one-block steps and no GEMV: what a boundary costs
+// by itself, kernel or barrier.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -348,9 +350,6 @@ int main(int argc, char** argv) {
         phases.push_back(p);
       }
   }
-  Phase* dphases;
-  CK(cudaMalloc(&dphases, phases.size() * sizeof(Phase)));
-  CK(cudaMemcpy(dphases, phases.data(), phases.size() * sizeof(Phase), cudaMemcpyHostToDevice));
   unsigned *count, *sink;
   CK(cudaMalloc(&count, kLayers * sizeof(unsigned)));
   CK(cudaMalloc(&sink, 4));
@@ -389,40 +388,59 @@ int main(int argc, char** argv) {
   std::printf("read of the step's %.2f GB: %.0f GB/s -> floor %.1f us per step (%.2f us per layer)\n\n",
               wbytes / 1e9, read_gbs, floor_us, floor_us / kLayers);
 
+  // A chain of phases on the device, its last output, and the first variant's result.
+  struct Chain {
+    std::vector<Phase> host;
+    Phase* dev = nullptr;
+    int layers = 0, steps = 0;
+    bf16* out = nullptr;
+    int out_n = 0;
+    double floor_us = 0;
+    std::vector<bf16> ref;
+  };
+  auto upload = [&](Chain& c) {
+    CK(cudaMalloc(&c.dev, c.host.size() * sizeof(Phase)));
+    CK(cudaMemcpy(c.dev, c.host.data(), c.host.size() * sizeof(Phase), cudaMemcpyHostToDevice));
+  };
+  Chain layers_chain;
+  layers_chain.host = phases;
+  layers_chain.layers = kLayers;
+  layers_chain.steps = kSteps;
+  layers_chain.out = ybuf[kSteps - 1];
+  layers_chain.out_n = 2048;
+  layers_chain.floor_us = floor_us;
+  upload(layers_chain);
+
   const int gemv_grid = std::min(4, fit_gemv) * sms;  // the library's one-row grid (gemv_grid)
-  auto enqueue_launches = [&](bool pdl) {
-    for (const Phase& p : phases) {
+  auto enqueue_launches = [&](const Chain& c, bool pdl) {
+    for (const Phase& p : c.host) {
       if (p.kind == kGemv) launch(gemv_launch, std::min(gemv_grid, (p.N + kColumns - 1) / kColumns), pdl, st, p);
       else if (p.kind == kTiny) launch(tiny_launch, 1, pdl, st, p);
       else launch(act_launch, (p.N + kThreads - 1) / kThreads, pdl, st, p);
     }
   };
-  auto enqueue_persistent = [&](bool ahead, int per_sm, bool per_layer) {
+  auto enqueue_persistent = [&](const Chain& c, bool ahead, int per_sm, bool per_layer) {
     CK(cudaMemsetAsync(count, 0, kLayers * sizeof(unsigned), st));
     auto k = !ahead ? chain_persistent<false, 1> : per_sm >= 3 ? chain_persistent<true, 3> : chain_persistent<true, 1>;
     const int grid = per_sm * sms;
     if (!per_layer) {
-      launch_cooperative(k, grid, st, (const Phase*)dphases, 0, int(phases.size()), count, 0);
+      launch_cooperative(k, grid, st, (const Phase*)c.dev, 0, int(c.host.size()), count, 0);
       return;
     }
-    for (int l = 0; l < kLayers; ++l)
-      launch(k, grid, l > 0, st, (const Phase*)dphases, l * kSteps, (l + 1) * kSteps, count + l, l > 0 ? 1 : 0);
+    for (int l = 0; l < c.layers; ++l)
+      launch(k, grid, l > 0, st, (const Phase*)c.dev, l * c.steps, (l + 1) * c.steps, count + l, l > 0 ? 1 : 0);
   };
 
-  std::vector<bf16> ref(2048), got(2048);
-  bool have_ref = false;
-  auto run = [&](const char* name, auto enqueue) {
+  auto run = [&](Chain& c, const char* name, auto enqueue) {
+    std::vector<bf16> got(size_t(c.out_n));
     enqueue();
     CK(cudaStreamSynchronize(st));
     CK(cudaGetLastError());
-    CK(cudaMemcpy(got.data(), ybuf[kSteps - 1], 2048 * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(got.data(), c.out, got.size() * 2, cudaMemcpyDeviceToHost));
     bool finite = true;
     for (bf16 v : got) finite = finite && std::isfinite(__bfloat162float(v));
-    if (!have_ref) {
-      ref = got;
-      have_ref = true;
-    }
-    const bool same = std::memcmp(ref.data(), got.data(), 2048 * 2) == 0;
+    if (c.ref.empty()) c.ref = got;
+    const bool same = std::memcmp(c.ref.data(), got.data(), got.size() * 2) == 0;
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
@@ -444,36 +462,58 @@ int main(int argc, char** argv) {
       CK(cudaEventElapsedTime(&ms, a, b));
       us.push_back(ms * 1e3);
     }
-    CK(cudaMemcpy(got.data(), ybuf[kSteps - 1], 2048 * 2, cudaMemcpyDeviceToHost));
-    const bool same_replay = std::memcmp(ref.data(), got.data(), 2048 * 2) == 0;
+    CK(cudaMemcpy(got.data(), c.out, got.size() * 2, cudaMemcpyDeviceToHost));
+    const bool same_replay = std::memcmp(c.ref.data(), got.data(), got.size() * 2) == 0;
     std::sort(us.begin(), us.end());
     const double med = us[us.size() / 2];
-    std::printf("%-22s %9.1f us per step (min %.1f)  %6.2f us per layer  %5.1f %% of floor  output %s%s\n", name, med,
-                us.front(), med / kLayers, 100.0 * floor_us / med,
-                same && same_replay ? "bit-identical" : "DIFFERS", finite ? "" : " (NOT FINITE)");
+    std::printf("%-24s %9.1f us per step (min %.1f)  %6.2f us per layer", name, med, us.front(), med / c.layers);
+    if (c.floor_us > 0) std::printf("  %5.1f %% of floor", 100.0 * c.floor_us / med);
+    std::printf("  output %s%s\n", same && same_replay ? "bit-identical" : "DIFFERS", finite ? "" : " (NOT FINITE)");
     CK(cudaGraphExecDestroy(ge));
     CK(cudaGraphDestroy(g));
     CK(cudaEventDestroy(a));
     CK(cudaEventDestroy(b));
   };
 
-  run("launches", [&] { enqueue_launches(false); });
-  run("launches+pdl", [&] { enqueue_launches(true); });
-  for (int per_sm : {1, 2, 3}) {
-    char name[64];
-    if (per_sm <= (per_sm >= 3 ? fit3 : fit)) {
-      std::snprintf(name, sizeof name, "persistent/%d", per_sm);
-      run(name, [&] { enqueue_persistent(true, per_sm, false); });
+  auto variants = [&](Chain& c) {
+    run(c, "launches", [&] { enqueue_launches(c, false); });
+    run(c, "launches+pdl", [&] { enqueue_launches(c, true); });
+    for (int per_sm : {1, 2, 3}) {
+      char name[64];
+      if (per_sm <= (per_sm >= 3 ? fit3 : fit)) {
+        std::snprintf(name, sizeof name, "persistent/%d", per_sm);
+        run(c, name, [&] { enqueue_persistent(c, true, per_sm, false); });
+      }
+      if (per_sm <= fit_np) {
+        std::snprintf(name, sizeof name, "persistent/%d np", per_sm);
+        run(c, name, [&] { enqueue_persistent(c, false, per_sm, false); });
+      }
+      if (per_sm <= (per_sm >= 3 ? fit3 : fit)) {
+        std::snprintf(name, sizeof name, "layer/%d", per_sm);
+        run(c, name, [&] { enqueue_persistent(c, true, per_sm, true); });
+      }
     }
-    if (per_sm <= fit_np) {
-      std::snprintf(name, sizeof name, "persistent/%d np", per_sm);
-      run(name, [&] { enqueue_persistent(false, per_sm, false); });
-    }
-    if (per_sm <= (per_sm >= 3 ? fit3 : fit)) {
-      std::snprintf(name, sizeof name, "layer/%d", per_sm);
-      run(name, [&] { enqueue_persistent(true, per_sm, true); });
-    }
+    run(c, "launches+pdl (again)", [&] { enqueue_launches(c, true); });
+  };
+  std::printf("== the layer chain (9 steps per layer, 5 of them GEMVs)\n");
+  variants(layers_chain);
+
+  // The boundaries alone: the same number of steps, every one a one-block tiny step (2048 values
+  // from 4096: a step's cost is then its dependency plus a few L2 round trips).
+  Chain tiny_chain;
+  tiny_chain.layers = kLayers;
+  tiny_chain.steps = kSteps;
+  bf16* tbuf[2];
+  for (auto& t : tbuf) {
+    CK(cudaMalloc(&t, 4096 * 2));
+    CK(cudaMemcpy(t, ybuf[0], 4096 * 2, cudaMemcpyDeviceToDevice));  // any finite values
   }
-  run("launches+pdl (again)", [&] { enqueue_launches(true); });
+  for (int i = 0; i < kLayers * kSteps; ++i)
+    tiny_chain.host.push_back(Phase{kTiny, 2048, 4096, nullptr, tbuf[i & 1], tbuf[(i + 1) & 1]});
+  tiny_chain.out = tbuf[(kLayers * kSteps) & 1];
+  tiny_chain.out_n = 2048;
+  upload(tiny_chain);
+  std::printf("\n== %d one-block steps only (what a boundary costs)\n", kLayers * kSteps);
+  variants(tiny_chain);
   return 0;
 }
