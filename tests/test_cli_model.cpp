@@ -346,7 +346,7 @@ TEST_F(Cli, InfoReportsTheModelAndTheExpertsMap) {
 
 TEST_F(Cli, BadInputGivesOneClearError) {
   const std::string q2 = " --model " + model("qwen2_moe");
-  expect_clean_error("generate" + q2 + " --prompt-ids 1,2,256", "256");
+  expect_clean_error("generate" + q2 + " --prompt-ids 1,2,256", "token id 256 at input_ids[0, 2]");
   expect_clean_error("generate" + q2 + " --prompt-ids ''", "empty prompt");
   expect_clean_error("generate" + q2 + " --prompt-ids 1 --experts-implementation fastest", "fastest");
   expect_clean_error("generate --model " + model("qwen3_vl_moe") +
@@ -355,12 +355,12 @@ TEST_F(Cli, BadInputGivesOneClearError) {
   expect_clean_error("info" + q2 + " --experts-implementation '{\"text_config\": \"eager\"}'", "text_config");
   expect_clean_error("generate" + q2 + " --prompt-ids 1 --device cuda:99", "cuda:99");
   expect_clean_error("generate" + q2 + " --prompt-ids 1 --greedy --seed 3", "--greedy");
-  expect_clean_error("generate" + q2 + " --prompt-ids 1,x", "x");
+  expect_clean_error("generate" + q2 + " --prompt-ids 1,x", "invalid integer 'x'");
   expect_clean_error("generate" + q2 + " --prompt-ids '1,2;'", "empty sequence 1");
   expect_clean_error("generate" + q2 + " --prompt-ids ';1,2'", "empty sequence 0");
   expect_clean_error("generate" + q2 + " --prompt-ids '1,2;3,y'", "'y'");
   expect_clean_error("generate" + q2 + " --prompt-ids '1,2;3,,4'", "empty id");
-  expect_clean_error("generate" + q2 + " --prompt-ids '1,2;300'", "300");
+  expect_clean_error("generate" + q2 + " --prompt-ids '1,2;300'", "token id 300 at input_ids[1, 1]");
 
   // Unknown model_type: a folder whose config names an architecture moex does not have.
   const std::string dir = tmp_ + "/unknown";

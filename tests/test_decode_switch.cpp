@@ -202,12 +202,16 @@ TEST_F(DecodeSwitchGenerate, EagerIsNeverSwitched) {
 
 TEST_F(DecodeSwitchGenerate, ScopedGuardRestoresOnException) {
   auto lm = load(Device::cpu(), {{"", "eager"}});
+  struct LeaveTheScope {};  // only this test's throw is caught: a failing guard is not swallowed
+  bool left = false;
   try {
     ScopedExpertsImplementation guard(*lm, {{"", "batched_mm"}});
     EXPECT_EQ(lm->get_experts_implementation().at("text_config"), "batched_mm");
-    throw std::runtime_error("leave the scope");
-  } catch (const std::runtime_error&) {
+    throw LeaveTheScope{};
+  } catch (const LeaveTheScope&) {
+    left = true;
   }
+  EXPECT_TRUE(left);
   EXPECT_EQ(lm->get_experts_implementation().at("text_config"), "eager");
 }
 

@@ -220,13 +220,23 @@ TEST(QuantExpertsCpu, ReferenceMatchesHandComputedValue) {
   }
 }
 
-// The kernel tier on its own, every variant this CPU has (the backends run only the one it
-// picks): every output of a ragged row range, for rows read through an index list, against the
-// same sums in double; FP8 K = 200 and 160 end in the second and the first half of a 128 block,
-// FP4 K = 96 inside one (three 32-blocks). Codes are uniform over all but NaN, so about one in
-// sixteen is an e4m3 subnormal (which the bf16 kernel adds outside VDPBF16PS).
-TEST(QuantExpertsCpu, KernelVariantsMatchDoubleSums) {
+// The kernel tier on its own, one test per variant (the backends run only the one this CPU's
+// features pick; a variant this CPU lacks is reported as skipped): every output of a ragged row
+// range, for rows read through an index list, against the same sums in double; FP8 K = 200 and
+// 160 end in the second and the first half of a 128 block, FP4 K = 96 inside one (three
+// 32-blocks). Codes are uniform over all but NaN, so about one in sixteen is an e4m3 subnormal
+// (which the bf16 kernel adds outside VDPBF16PS).
+class QuantKernelVariant : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(QuantKernelVariant, MatchesDoubleSums) {
   namespace k = moex::cpu::kernels;
+  const std::string name = GetParam();
+  const auto& f = moex::cpu::detect_cpu_features();
+  if ((name == "avx512" && !f.avx512) || (name == "avx512bf16" && !f.avx512bf16))
+    GTEST_SKIP() << "this CPU has no " << name;
+  const k::BlockScaledFn fn = name == "portable" ? k::gemm_block_scaled_portable
+                              : name == "avx512" ? k::gemm_block_scaled_avx512
+                                                 : k::gemm_block_scaled_avx512bf16;
   std::mt19937_64 rng(1001);
   const auto no_nan = [](uint64_t r) { return uint8_t((r & 0x7f) == 0x7f ? r & 0xfe : r); };
   for (const auto& [is_fp4, K] : {std::pair<bool, int64_t>{false, 200}, {false, 160}, {true, 96}}) {
@@ -259,13 +269,7 @@ TEST(QuantExpertsCpu, KernelVariantsMatchDoubleSums) {
       }
       k::pack_activation_bf16(natural.data(), nb * 128, &xb[size_t(m * nb * 128)]);
     }
-    const std::pair<std::string, k::BlockScaledFn> variants[] = {
-        {"portable", k::gemm_block_scaled_portable},
-        {"avx512", k::gemm_block_scaled_avx512},
-        {"avx512bf16", k::gemm_block_scaled_avx512bf16}};
-    const auto& f = moex::cpu::detect_cpu_features();
-    for (const auto& [name, fn] : variants) {
-      if ((name == "avx512" && !f.avx512) || (name == "avx512bf16" && !f.avx512bf16)) continue;
+    {
       a.xb = name == "avx512bf16" ? xb.data() : nullptr;
       // Activation-row counts on each side of the weight-row pairing's threshold, under both
       // thresholds (a CPU's backends run one of them).
@@ -309,6 +313,10 @@ TEST(QuantExpertsCpu, KernelVariantsMatchDoubleSums) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(QuantExpertsCpu, QuantKernelVariant,
+                         ::testing::Values("portable", "avx512", "avx512bf16"),
+                         [](const auto& info) { return info.param; });
 
 // ---- boundary errors ----
 

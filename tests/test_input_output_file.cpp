@@ -253,14 +253,18 @@ TEST_F(OutputPath, FailureMidWriteKeepsTheOldFile) {
 TEST_F(OutputPath, NoCommitRemovesTheTemporaryFile) {
   const std::string out = tmp_ + "/out.bin";
   write_text(out, "old");
+  struct CallerFailed {};  // only this test's throw is caught: a failing OutputFile is not swallowed
+  bool failed = false;
   try {
     io::OutputFile f(out);
     EXPECT_TRUE(f.renames());
     f.write("new bytes", 9);
     EXPECT_EQ(listing(tmp_).size(), 2u);
-    throw std::runtime_error("caller failed");
-  } catch (const std::runtime_error&) {
+    throw CallerFailed{};
+  } catch (const CallerFailed&) {
+    failed = true;
   }
+  EXPECT_TRUE(failed);
   EXPECT_EQ(test::read_file(out), "old");
   EXPECT_EQ(listing(tmp_), std::vector<std::string>{"out.bin"});
 }
