@@ -73,12 +73,34 @@ TEST_F(CliBench, WrongBackendFailsTheCheckAndIsNotTimed) {
     EXPECT_NE(r.err.find("check failed"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("backend 'wrong'"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("differs from eager"), std::string::npos) << r.err;
-    // grouped_mm (before it) was checked and timed; no row of the wrong backend was printed.
-    for (const std::string& l : lines(r.out)) {
-      auto j = nlohmann::json::parse(l);
-      EXPECT_EQ(j["backend"], "grouped_mm") << l;
-    }
+    // A T's rows are printed once every backend of that T has passed its check, so the failed
+    // check at the first T leaves stdout empty: no row, not even grouped_mm's (checked before it).
+    EXPECT_EQ(r.out, "");
   }
+  // The control: without the wrong backend, the same run prints a row per T.
+  Result ok = bench("--tokens 1,7 --backends grouped_mm --json", "--plugin " + plugin);
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  ASSERT_EQ(lines(ok.out).size(), 2u) << ok.out;
+  for (const std::string& l : lines(ok.out)) EXPECT_EQ(nlohmann::json::parse(l)["backend"], "grouped_mm") << l;
+}
+
+// --check-tokens below 1 would check an empty sample and print an error of 0: refused.
+TEST_F(CliBench, CheckTokensBelowOneIsRefused) {
+  for (const char* n : {"0", "-2"}) {
+    Result r = bench(std::string("--tokens 3 --check-tokens ") + n);
+    EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("--check-tokens must be >= 1"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+// --graph on times replays only; a backend that cannot be captured (eager) would get no row, so
+// it is refused by name. Needs a GPU (without one the missing device is reported first).
+TEST_F(CliBench, GraphOnRefusesABackendThatCannotBeCaptured) {
+  if (test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device";
+  Result r = test::run_cli("bench experts --device cuda --tokens 1 --backends grouped_mm,eager --graph on", tmp_);
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("backend 'eager' cannot be captured in a CUDA graph"), std::string::npos) << r.err;
 }
 
 // The control: a right backend from a plugin passes the same check.

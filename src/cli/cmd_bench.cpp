@@ -182,7 +182,7 @@ int run_bench_experts(const std::vector<std::string>& argv) {
        {"intermediate", "I", "custom shape: expert intermediate size"},
        {"tokens", "T,T", "token counts (default 1,4,16,64,256,1024,4096)"},
        {"backends", "A,B", "backends to time (default: every one that supports the device and dtype)"},
-       {"graph", "MODE", "off|on|both: time direct launches, CUDA graph replays or both (CUDA default both)"},
+       {"graph", "MODE", "off|on|both: time direct launches, CUDA graph replays or both (CUDA default both; with both, a backend that cannot be captured gets its direct row only)"},
        {"bandwidth-gbs", "X", "use this bandwidth (GB/s) instead of measuring it"},
        {"peak-tflops", "Y", "use this peak (TFLOP/s) instead of measuring it"},
        {"min-iters", "N", "timed runs at least (default 5)"},
@@ -243,7 +243,14 @@ int run_bench_experts(const std::vector<std::string>& argv) {
   const GraphMode graph_mode = parse_graph_mode(a.get_or("graph", dev.is_cuda() ? "both" : "off"));
   if (!dev.is_cuda() && graph_mode != GraphMode::kOff)
     throw InvalidInput("--graph on|both needs --device cuda (graphs are CUDA graphs)");
+  // --graph on times replays only: a backend that cannot be captured would have no row at all.
+  if (graph_mode == GraphMode::kOn)
+    for (const std::string& b : backends)
+      if (!get_experts_backend(b)->caps().graph_capturable)
+        throw InvalidInput("backend '" + b + "' cannot be captured in a CUDA graph: time it with --graph off or both");
   const bool json = a.has("json"), check = !a.has("no-check");
+  const int64_t check_tokens = a.get_int("check-tokens", 8);
+  if (check_tokens < 1) throw InvalidInput("--check-tokens must be >= 1 (--no-check skips the check)");
   const uint64_t seed = parse_seed(a.get("seed"), 1);
   // --cpu-kernel: grouped_mm on the CPU runs that kernel path (registered explicitly for this
   // process), and the peak ceiling is the one of that path's family.
@@ -344,7 +351,6 @@ int run_bench_experts(const std::vector<std::string>& argv) {
   CacheEvictor evictor;
   const int min_iters = int(a.get_int("min-iters", 5));
   const double budget_s = a.get_double("budget-s", 1.0);
-  const int64_t check_tokens = a.get_int("check-tokens", 8);
 
   if (!json)
     std::printf("%-12s %6s %6s %10s %10s %9s %9s %9s %10s %11s\n", "backend", "tokens", "graph",
