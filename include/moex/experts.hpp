@@ -261,8 +261,13 @@ class Experts {
   void forward(std::string_view backend, const Tensor& hidden, const Tensor& top_k_index,
                const Tensor& top_k_weights, Tensor& out, const ExecContext& ctx) const;
   // Runs the backend's one-time preparation (weight packing, workspaces) now instead of at the
-  // first forward; a no-op when it is cached already. Models call it before timing a generate.
+  // first forward; a no-op when it is cached already. Models call it before timing a generate,
+  // with their activation dtype: quantized weights run with the caller's activations, which the
+  // backend checks (deepgemm takes bfloat16 only). Without it, quantized weights are refused only
+  // when no activation dtype (bfloat16, float16, float32) would be served; the forward checks the
+  // one given.
   void prepare(std::string_view backend) const;
+  void prepare(std::string_view backend, DType activation_dtype) const;
 
  private:
   ExpertsSpec spec_;

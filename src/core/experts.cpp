@@ -409,13 +409,25 @@ const ExpertsWeights& Experts::weights() const {
 }
 
 void Experts::prepare(std::string_view backend) const {
+  if (!spec_.quant.quantized()) return prepare(backend, weights_.dtype());
+  // Quantized weights: the activations are the caller's, not known here. Refused only when no
+  // activation dtype is served (the first dtype's reason names it); forward checks the real one.
   auto b = get_experts_backend(backend);
-  const Device dev = weights_.device();
-  // Quantized weights: the activation dtype is the caller's; float32 stands for any of them.
-  const DType dt = spec_.quant.quantized() ? DType::kF32 : weights_.dtype();
-  if (std::string why = b->unsupported_reason(spec_, dt, dev); !why.empty())
-    throw Unsupported("experts backend '" + std::string(backend) + "' cannot prepare " +
-                      spec_.str() + ": it " + why);
+  std::string first_why;
+  for (DType act : {DType::kBF16, DType::kF16, DType::kF32}) {
+    std::string why = b->unsupported_reason(spec_, act, weights_.device());
+    if (why.empty()) return (void)cached_prepare(*cache_, backend, b, spec_, weights_);
+    if (first_why.empty()) first_why = std::move(why);
+  }
+  throw Unsupported("experts backend '" + std::string(backend) + "' cannot prepare " + spec_.str() + ": it " +
+                    first_why);
+}
+
+void Experts::prepare(std::string_view backend, DType activation_dtype) const {
+  auto b = get_experts_backend(backend);
+  if (std::string why = b->unsupported_reason(spec_, activation_dtype, weights_.device()); !why.empty())
+    throw Unsupported("experts backend '" + std::string(backend) + "' cannot prepare " + spec_.str() + ": it " +
+                      why);
   (void)cached_prepare(*cache_, backend, b, spec_, weights_);
 }
 

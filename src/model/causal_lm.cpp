@@ -122,7 +122,7 @@ void CausalLM::prepare_experts(const ExpertsImplementation& map) const {
   for (const auto& [key, module] : experts_modules_) {
     auto it = map.find(key);
     if (it == map.end()) continue;
-    module->prepare(it->second);
+    module->prepare(it->second, info_.dtype);  // the model's activations (quantized weights too)
     // "auto" resolves its table at the first call of a shape and k (measuring it the first time
     // on a device): make that call now, outside any clock or graph capture.
     const int64_t k = std::min(info_.experts_per_token, module->spec().num_experts);
