@@ -206,9 +206,9 @@ class DeepseekV3LM final : public DecoderLM {
       // The router runs in float32 whatever the model dtype (transformers upcasts it).
       L.router = load_linear(ckpt, p + "mlp.gate", E, H, DType::kF32, false, dev, false, q);
       record_weights("router", {&L.router});
-      const std::string bias_name = p + "mlp.gate.e_score_correction_bias";
-      L.correction = (ckpt.has(bias_name) ? ckpt.get(bias_name, {E}, DType::kF32)
-                                          : Tensor::zeros({E}, DType::kF32)).to(dev);
+      // Required, as every other tensor: transformers would start a missing one at zeros with a
+      // warning, and the routing would then silently differ from the checkpoint's.
+      L.correction = ckpt.get(p + "mlp.gate.e_score_correction_bias", {E}, DType::kF32).to(dev);
       if (n_shared > 0) {
         L.shared = load_gated_mlp(ckpt, p + "mlp.shared_experts", H, moe_inter * n_shared, dt, activation, dev, q,
                                   tp_share);
