@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/quantized_weights.hpp"
+#include "moex/bench.hpp"
 #include "moex/checkpoint.hpp"
 #include "moex/error.hpp"
 #include "moex/model.hpp"
@@ -163,6 +164,60 @@ TEST(QuantizedMemory, QuantizedLoadHoldsStoredBytes) {
   }
 }
 
+// A backend that takes quantized experts with bfloat16 activations only (deepgemm's rule, here on
+// the CPU over grouped_mm): generate prepares the experts with the model's activation dtype, so a
+// bfloat16 model generates (its load accepted the backend, and generate's preparation refused it
+// when it assumed float32 activations for quantized weights) and a float32 one is refused at load.
+class Bf16ActivationsOnly final : public ExpertsBackend {
+ public:
+  explicit Bf16ActivationsOnly(std::shared_ptr<const ExpertsBackend> inner) : inner_(std::move(inner)) {}
+  BackendCaps caps() const override { return inner_->caps(); }
+  std::string unsupported_reason(const ExpertsSpec& s, DType d, Device dev) const override {
+    if (s.quant.quantized() && d != DType::kBF16)
+      return "takes bfloat16 activations, not " + std::string(dtype_name(d));
+    return inner_->unsupported_reason(s, d, dev);
+  }
+  std::unique_ptr<PreparedExperts> prepare(const ExpertsSpec& s, const ExpertsWeights& w) const override {
+    return inner_->prepare(s, w);
+  }
+  void forward(const ExpertsProblem& p, Tensor& out, const ExecContext& ctx) const override {
+    inner_->forward(p, out, ctx);
+  }
+
+ private:
+  std::shared_ptr<const ExpertsBackend> inner_;
+};
+
+TEST(QuantizedPrepare, GenerateChecksTheModelsActivationDtype) {
+  register_experts_backend("bf16_activations_only",
+                           std::make_shared<Bf16ActivationsOnly>(get_experts_backend("grouped_mm")));
+  LoadOptions o;
+  o.dtype = DType::kBF16;
+  o.experts_implementation = {{"", "bf16_activations_only"}};
+  auto lm = from_pretrained(checkpoint_of("deepseek_v3_fp8_float"), o);
+  GenerationOptions g;
+  g.max_new_tokens = 2;
+  const Tensor prompt = Tensor::from_ints({5, 17, 30, 42}, {1, 4});
+  EXPECT_EQ(lm->generate(prompt, g).size(1), 6);
+
+  // A float32 model is refused when it is loaded, naming the dtype.
+  o.dtype = DType::kF32;
+  try {
+    from_pretrained(checkpoint_of("deepseek_v3_fp8_float"), o);
+    ADD_FAILURE() << "a float32 model was given a backend that takes bfloat16 activations only";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("takes bfloat16 activations, not float32"), std::string::npos) << e.what();
+  }
+  // An Experts module alone does not know its caller's activations: prepare(name) accepts the
+  // backend when some activation dtype is served; prepare(name, dtype) checks that one.
+  const ExpertsSpec spec = test::quantized_spec(QuantScheme::Kind::kFp8E4M3, DType::kF32, 4, 128, 128,
+                                                /*gated=*/true, Activation::kSilu);
+  const Experts layer(spec, random_quantized_experts_weights(spec, 7));
+  EXPECT_NO_THROW(layer.prepare("bf16_activations_only"));
+  EXPECT_NO_THROW(layer.prepare("bf16_activations_only", DType::kBF16));
+  EXPECT_THROW(layer.prepare("bf16_activations_only", DType::kF32), Unsupported);
+}
+
 // moex info's groups after a dequantized load: everything float32, nothing blocked, and the
 // attention group split by storage only where the checkpoint mixes (it does not after dequantize).
 TEST(QuantizedInfo, DequantizedGroupsAreFloat) {
@@ -268,6 +323,15 @@ TEST(QuantizedErrors, WeightWithoutScale) {
   const auto dir = broken_copy(d, "deepseek_v3_fp8_float", {}, [](auto& t) { t.erase(kOProj + ".weight_scale_inv"); });
   expect_throw<InvalidInput>([&] { load_dequantized(dir); },
                              {kOProj + ".weight'", "float8_e4m3fn", "weight_scale_inv' is missing", dir});
+}
+
+// The router's score correction (noaux_tc routing) is a tensor like any other: missing, the load
+// names it (it was taken as zeros, which routes differently from the checkpoint).
+TEST(QuantizedErrors, RouterCorrectionBiasMissing) {
+  test::TempDir d;
+  const std::string name = "model.layers.1.mlp.gate.e_score_correction_bias";
+  const auto dir = broken_copy(d, "deepseek_v3_fp8_float", {}, [&](auto& t) { ASSERT_EQ(t.erase(name), 1u); });
+  expect_throw<Error>([&] { load_dequantized(dir); }, {name});
 }
 
 TEST(QuantizedErrors, ExpertWeightWithoutScale) {
