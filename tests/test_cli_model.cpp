@@ -77,6 +77,9 @@ TEST_F(Cli, GenerateGreedyMatchesTransformersWithEveryBackend) {
     auto j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["sequences"][0].get<std::vector<int64_t>>(), greedy) << backend;
     EXPECT_EQ(j["experts_implementation"][""], backend);
+    // What the decode steps ran: the same backend (the decode-stage switch applies on a GPU only).
+    EXPECT_EQ(j["decode_experts_implementation"][""], backend);
+    EXPECT_FALSE(j.contains("decode_switch_note")) << j.dump();
     EXPECT_EQ(j["new_tokens"], 12);
     Tensor seq = SafetensorsFile::open(out)->get("sequences");
     EXPECT_EQ(seq.dtype(), DType::kI64);

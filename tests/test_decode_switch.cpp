@@ -156,6 +156,10 @@ TEST_F(DecodeSwitchGenerate, PreparesBothStagesBeforeThePrefillOnce) {
 TEST_F(DecodeSwitchGenerate, SwitchedDecodeGivesTheSameTokens) {
   auto switched = load(Device::cpu(), {{"", "grouped_mm"}});
   Tensor a = switched->generate(prompt(), options(6));
+  // The stats name the decode stage's map (the caller's map is what get_experts_implementation
+  // returns after the call).
+  EXPECT_EQ(switched->last_generation_stats().decode_experts_implementation.at("text_config"), "batched_mm");
+  EXPECT_EQ(switched->last_generation_stats().decode_switch_note, "");
   auto plain = load(Device::cpu(), {{"", "grouped_mm"}});
   Tensor b = plain->generate(prompt(), options(6, DecodeSwitch::kOff));
   EXPECT_EQ(a.to_int_vector(), b.to_int_vector());
@@ -184,6 +188,10 @@ TEST_F(DecodeSwitchGenerate, FallsBackToTheCallersMapWhenBatchedMmCannotServe) {
   ASSERT_FALSE(rec_.calls.empty());
   for (const auto& c : rec_.calls) EXPECT_EQ(c.backend, "grouped_mm") << "tokens " << c.tokens;
   EXPECT_EQ(lm->get_experts_implementation().at("text_config"), "grouped_mm");
+  // The stats say what decode ran and why the switch was not applied.
+  const GenerationStats& st = lm->last_generation_stats();
+  EXPECT_EQ(st.decode_experts_implementation.at("text_config"), "grouped_mm");
+  EXPECT_NE(st.decode_switch_note.find("is refused by this test"), std::string::npos) << st.decode_switch_note;
 }
 
 TEST_F(DecodeSwitchGenerate, CpuNeverSwitchesByDefault) {

@@ -153,6 +153,11 @@ struct GenerationStats {
   int64_t graph_replays = 0;           // decode steps run as a replay
   int64_t graph_captures_dropped = 0;  // re-captures after the KV cache grew past its capacity
   bool graph_reused = false;  // the decode graph of an earlier call was replayed (no capture)
+  // The experts implementation the decode steps ran: the decode-stage switch's map (GPU:
+  // grouped_mm -> batched_mm), or the caller's map when the switch is off, does not apply or its
+  // backend cannot serve these experts; decode_switch_note says why in the last case.
+  ExpertsImplementation decode_experts_implementation;
+  std::string decode_switch_note;
 };
 
 // The weights of one module group as held in memory (moex info): one entry per group and storage

@@ -107,6 +107,10 @@ int run_bench_generate(const std::vector<std::string>& argv) {
     if (v < 1) throw InvalidInput("--batch entries must be >= 1");
   for (int64_t v : prompts)
     if (v < 1) throw InvalidInput("--prompt-tokens entries must be >= 1");
+  // The given ceilings (used after the rows): checked before anything runs.
+  const double given_bw = a.get_positive_double("bandwidth-gbs", 0), given_peak = a.get_positive_double("peak-tflops", 0);
+  if (a.has("cases") && (a.has("batch") || a.has("prompt-tokens")))
+    throw InvalidInput("--cases gives the rows itself: drop --batch / --prompt-tokens");
   GenerationOptions g;
   g.max_new_tokens = new_tokens;
   g.eos_token_ids = std::vector<int64_t>{};
@@ -157,6 +161,8 @@ int run_bench_generate(const std::vector<std::string>& argv) {
       bool graph;
       bool graph_reused;  // the timed calls replayed the warm-up's decode graph (no capture)
       std::string graph_note;
+      ExpertsImplementation decode_impl;  // what the decode steps ran (GenerationStats)
+      std::string decode_switch_note;
     };
     std::vector<Timed> timed;
 #if MOEX_WITH_CUDA
@@ -191,12 +197,12 @@ int run_bench_generate(const std::vector<std::string>& argv) {
         const GenerationStats& last = lm->last_generation_stats();
         const int64_t peak = host ? proc_status_bytes("VmHWM").value_or(peak_memory_bytes(info.device))
                                   : peak_memory_bytes(info.device);
-        timed.push_back({B, P, median(prefill), median(decode), peak, prepare_s, last.graph, last.graph_reused, last.graph_note});
+        timed.push_back({B, P, median(prefill), median(decode), peak, prepare_s, last.graph, last.graph_reused,
+                         last.graph_note, last.decode_experts_implementation, last.decode_switch_note});
       }
     }
     if (!lead) return;
     // The ceilings last, so that their buffers do not count in the rows' peak memory.
-    const double given_bw = a.get_double("bandwidth-gbs", 0), given_peak = a.get_double("peak-tflops", 0);
     CeilingsOptions copt;
     copt.bandwidth = given_bw <= 0;
     copt.peak = given_peak <= 0;
@@ -216,6 +222,12 @@ int run_bench_generate(const std::vector<std::string>& argv) {
       if (rss_after_load) std::printf(", resident after load %.2f GB", double(*rss_after_load) / 1e9);
       std::printf("; ceilings%s: %.1f GB/s, %.2f TFLOP/s [%s]\n", copt.bandwidth && copt.peak ? "" : " (given)",
                   ceil.bandwidth_gbps(), ceil.peak_tflops, ceil.unit.c_str());
+      // The experts backends the prefills and the decode steps ran (the decode-stage switch).
+      std::printf("# experts: prefill %s, decode %s", experts_implementation_json(lm->get_experts_implementation()).c_str(),
+                  timed.empty() ? "-" : experts_implementation_json(timed.front().decode_impl).c_str());
+      if (!timed.empty() && !timed.front().decode_switch_note.empty())
+        std::printf(" (%s)", timed.front().decode_switch_note.c_str());
+      std::printf("\n");
     }
     if (!json)
       std::printf("| batch | prompt | prefill tok/s | decode tok/s | ms/token | TTFT ms | decode floor ms | "
@@ -267,6 +279,8 @@ int run_bench_generate(const std::vector<std::string>& argv) {
         j["device"] = info.device.str();
         j["dtype"] = std::string(dtype_name(info.dtype));
         j["experts_implementation"] = lm->get_experts_implementation();
+        j["decode_experts_implementation"] = t.decode_impl;
+        if (!t.decode_switch_note.empty()) j["decode_switch_note"] = t.decode_switch_note;
         j["ep_size"] = o.ep_comm ? o.ep_comm->size() : 1;
         j["tp_size"] = o.tp_comm ? o.tp_comm->size() : 1;
         j["repeats"] = repeats;

@@ -246,6 +246,8 @@ int run_generate(const std::vector<std::string>& argv) {
     j["model_type"] = lm->info().model_type;
     j["dtype"] = std::string(dtype_name(lm->info().dtype));
     j["experts_implementation"] = lm->get_experts_implementation();
+    j["decode_experts_implementation"] = s.decode_experts_implementation;
+    if (!s.decode_switch_note.empty()) j["decode_switch_note"] = s.decode_switch_note;
     const std::vector<int64_t> flat = seq.to_int_vector();
     const int64_t L = seq.size(1);
     j["sequences"] = nlohmann::json::array();

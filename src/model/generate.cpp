@@ -84,10 +84,12 @@ Tensor CausalLM::generate(const Tensor& input_ids, const GenerationOptions& opti
     try {
       decode_map = decode_stage_experts_implementation(impl_, info_.device, options.decode_switch);
       prepare_experts(decode_map);
-    } catch (const Unsupported&) {
+    } catch (const Unsupported& e) {
       decode_map = impl_;
+      stats_.decode_switch_note = std::string("the decode-stage switch was not applied: ") + e.what();
     }
   }
+  stats_.decode_experts_implementation = decode_map;
 
   // CUDA graph of one decode step, kept between calls with the cache it addresses
   // (detail::KeptDecodeGraph): a call with the same key whose prompt + new tokens fit that cache
