@@ -94,6 +94,26 @@ TEST_F(CliBench, CheckTokensBelowOneIsRefused) {
   }
 }
 
+// Numbers that would print nonsense or be silently replaced: non-finite values, ceilings and
+// budgets <= 0, fewer than one timed run. Refused before anything is measured.
+TEST_F(CliBench, NonsenseNumbersAreRefused) {
+  const std::string shape = "bench experts --device cpu --experts 4 --top-k 2 --hidden 64 --intermediate 64 --tokens 1 ";
+  const std::pair<std::string, std::string> cases[] = {
+      {"--bandwidth-gbs nan", "invalid number 'nan' for --bandwidth-gbs (finite values only)"},
+      {"--peak-tflops inf", "invalid number 'inf' for --peak-tflops (finite values only)"},
+      {"--bandwidth-gbs -5", "--bandwidth-gbs must be > 0, got -5"},
+      {"--peak-tflops 0", "--peak-tflops must be > 0, got 0"},
+      {"--budget-s -1", "--budget-s must be > 0, got -1"},
+      {"--min-iters 0", "--min-iters must be >= 1"},
+  };
+  for (const auto& [args, needle] : cases) {
+    Result r = test::run_cli(shape + args, tmp_);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\n" << r.err;
+    EXPECT_EQ(r.out, "") << args;
+  }
+}
+
 // --graph on times replays only; a backend that cannot be captured (eager) would get no row, so
 // it is refused by name. Needs a GPU (without one the missing device is reported first).
 TEST_F(CliBench, GraphOnRefusesABackendThatCannotBeCaptured) {
@@ -250,11 +270,13 @@ TEST_F(CliBenchGenerate, CpuTableHasAHeaderAndOneRowPerCase) {
   Result r = bench_generate(std::string("--batch 1 --prompt-tokens 3,4 --new-tokens 3 --repeats 1") + kGiven);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto rows = lines(r.out);
-  ASSERT_EQ(rows.size(), 5u) << r.out;  // comment line, header, separator, two rows
+  ASSERT_EQ(rows.size(), 6u) << r.out;  // two comment lines, header, separator, two rows
   EXPECT_NE(rows[0].find("resident after load"), std::string::npos) << rows[0];
   EXPECT_NE(rows[0].find("(given)"), std::string::npos) << rows[0];
-  EXPECT_EQ(rows[3].rfind("| 1 | 3 |", 0), 0u) << rows[3];
-  EXPECT_EQ(rows[4].rfind("| 1 | 4 |", 0), 0u) << rows[4];
+  // The backends of both stages (the CPU never switches at decode).
+  EXPECT_EQ(rows[1], "# experts: prefill {\"\":\"grouped_mm\"}, decode {\"\":\"grouped_mm\"}") << rows[1];
+  EXPECT_EQ(rows[4].rfind("| 1 | 3 |", 0), 0u) << rows[4];
+  EXPECT_EQ(rows[5].rfind("| 1 | 4 |", 0), 0u) << rows[5];
 }
 
 TEST_F(CliBenchGenerate, BadInputExitsTwoWithAClearError) {
@@ -264,11 +286,21 @@ TEST_F(CliBenchGenerate, BadInputExitsTwoWithAClearError) {
       {"--cases 3", "--cases entries are BATCHxPROMPT"},
       {"--cases 0x4", "batch and prompt >= 1"},
       {"--prompt-tokens 0", "--prompt-tokens entries must be >= 1"},
+      {"--cases 1x4 --batch 2", "--cases gives the rows itself"},
   };
   for (const auto& [args, needle] : cases) {
     Result r = bench_generate(args + kGiven);
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
     EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\n" << r.err;
+  }
+  // Ceilings that are given are checked before any row runs.
+  for (const auto& [args, needle] : {std::pair<std::string, std::string>{" --bandwidth-gbs nan --peak-tflops 1",
+                                                                          "(finite values only)"},
+                                     {" --bandwidth-gbs 10 --peak-tflops -1", "--peak-tflops must be > 0"}}) {
+    Result r = bench_generate(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\n" << r.err;
+    EXPECT_EQ(r.err.find("warm-up"), std::string::npos) << args << ": a row ran first\n" << r.err;
   }
   Result r = test::run_cli("bench generate --model " + tmp_ + "/missing --device cpu", tmp_);
   EXPECT_EQ(r.exit_code, 2) << r.err;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 
 #include "moex/comm.hpp"
@@ -22,8 +23,8 @@ double parse_double(const std::string& s, const std::string& what) {
   errno = 0;
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end != '\0' || errno == ERANGE)
-    throw InvalidInput("invalid number '" + s + "' for " + what);
+  if (s.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+    throw InvalidInput("invalid number '" + s + "' for " + what + (std::isfinite(v) ? "" : " (finite values only)"));
   return v;
 }
 
@@ -142,6 +143,11 @@ int64_t Args::get_int(const std::string& name, int64_t dflt) const {
 double Args::get_double(const std::string& name, double dflt) const {
   auto v = get(name);
   return v ? parse_double(*v, "--" + name) : dflt;
+}
+double Args::get_positive_double(const std::string& name, double dflt) const {
+  const double v = get_double(name, dflt);
+  if (has(name) && !(v > 0)) throw InvalidInput("--" + name + " must be > 0, got " + *get(name));
+  return v;
 }
 std::vector<std::string> Args::get_list(const std::string& name,
                                         std::vector<std::string> dflt) const {

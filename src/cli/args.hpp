@@ -59,6 +59,8 @@ class Args {
   std::string require(const std::string& name) const;  // throws "missing required flag --name"
   int64_t get_int(const std::string& name, int64_t dflt) const;
   double get_double(const std::string& name, double dflt) const;
+  // The same, refusing a given value <= 0 (ceilings, time budgets).
+  double get_positive_double(const std::string& name, double dflt) const;
   // Comma-separated integers ("1,4,16"); throws on a malformed entry.
   std::vector<int64_t> get_int_list(const std::string& name, std::vector<int64_t> dflt) const;
   std::vector<std::string> get_list(const std::string& name, std::vector<std::string> dflt) const;

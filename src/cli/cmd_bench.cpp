@@ -251,6 +251,11 @@ int run_bench_experts(const std::vector<std::string>& argv) {
   const bool json = a.has("json"), check = !a.has("no-check");
   const int64_t check_tokens = a.get_int("check-tokens", 8);
   if (check_tokens < 1) throw InvalidInput("--check-tokens must be >= 1 (--no-check skips the check)");
+  const int min_iters = int(a.get_int("min-iters", 5));
+  const double budget_s = a.get_positive_double("budget-s", 1.0);
+  if (min_iters < 1) throw InvalidInput("--min-iters must be >= 1");
+  // Given ceilings replace the measured ones; checked here, before anything is measured.
+  (void)a.get_positive_double("bandwidth-gbs", 0), (void)a.get_positive_double("peak-tflops", 0);
   const uint64_t seed = parse_seed(a.get("seed"), 1);
   // --cpu-kernel: grouped_mm on the CPU runs that kernel path (registered explicitly for this
   // process), and the peak ceiling is the one of that path's family.
@@ -316,7 +321,7 @@ int run_bench_experts(const std::vector<std::string>& argv) {
   const int64_t R = spec.gate_up_rows();
 
   // Ceilings, measured here unless given.
-  double bw_gbs = a.get_double("bandwidth-gbs", 0), peak_tflops = a.get_double("peak-tflops", 0);
+  double bw_gbs = a.get_positive_double("bandwidth-gbs", 0), peak_tflops = a.get_positive_double("peak-tflops", 0);
   CeilingsOptions copt;
   copt.bandwidth = bw_gbs <= 0;
   copt.peak = peak_tflops <= 0;
@@ -349,8 +354,7 @@ int run_bench_experts(const std::vector<std::string>& argv) {
   Experts experts(spec, w);
   Experts experts_host(spec, w_host);
   CacheEvictor evictor;
-  const int min_iters = int(a.get_int("min-iters", 5));
-  const double budget_s = a.get_double("budget-s", 1.0);
+
 
   if (!json)
     std::printf("%-12s %6s %6s %10s %10s %9s %9s %9s %10s %11s\n", "backend", "tokens", "graph",
