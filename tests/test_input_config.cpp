@@ -202,6 +202,15 @@ TEST_F(BadConfig, BadRopeValuesAreErrorsNamingTheKey) {
                     {"'rope_parameters.rope_theta' must be a number"});
   expect_load_error(variant("gpt_oss", [](Json& c, Json&) { c["rope_parameters"]["truncate"] = "no"; }),
                     {"'rope_parameters.truncate' must be true or false"});
+  // Values the formulas cannot take: a window of no keys, a negative clamp, a negative window.
+  expect_load_error(variant("gpt_oss", [](Json& c, Json&) { c["sliding_window"] = 0; }),
+                    {"sliding_window must be >= 1, got 0"});
+  expect_load_error(variant("gpt_oss", [](Json& c, Json&) { c["swiglu_limit"] = -1.0; }),
+                    {"swiglu_limit must be > 0"});
+  expect_load_error(variant("qwen3_moe", [](Json& c, Json&) { c["sliding_window"] = -5; }),
+                    {"sliding_window must be >= 0, got -5"});
+  expect_load_error(variant("deepseek_v3", [](Json& c, Json&) { c["routed_scaling_factor"] = -1.0; }),
+                    {"routed_scaling_factor must be > 0"});
 }
 
 TEST_F(BadConfig, EosTokenIdOfTheWrongTypeIsAnError) {

@@ -247,6 +247,11 @@ TEST(DeepseekV3Router, RejectsInconsistentConfig) {
   c = router_config();
   c.top_k = 5;  // only 2 groups x 2 experts are kept
   EXPECT_THROW(model::validate_router_config(c, "cfg"), InvalidInput);
+  for (float f : {0.0f, -1.0f, std::numeric_limits<float>::infinity()}) {
+    c = router_config();
+    c.routed_scaling_factor = f;
+    EXPECT_THROW(model::validate_router_config(c, "cfg"), InvalidInput) << f;
+  }
   EXPECT_NO_THROW(model::validate_router_config(router_config(), "cfg"));
 }
 

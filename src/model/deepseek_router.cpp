@@ -1,6 +1,8 @@
 // See deepseek_router.hpp. Exact formulas: docs/arch_deepseek_v3_gpt_oss.md.
 #include "model/deepseek_router.hpp"
 
+#include <cmath>
+
 #include "moex/error.hpp"
 
 namespace moex::model {
@@ -18,6 +20,8 @@ void validate_router_config(const DeepseekRouterConfig& c, const std::string& wh
   if (c.top_k < 1 || c.top_k > kept)
     fail("num_experts_per_tok (" + std::to_string(c.top_k) + ") must be in [1, " + std::to_string(kept) +
          "] (the experts of topk_group groups)");
+  if (!(c.routed_scaling_factor > 0) || !std::isfinite(c.routed_scaling_factor))
+    fail("routed_scaling_factor must be > 0, got " + std::to_string(c.routed_scaling_factor));
 }
 
 }  // namespace moex::model

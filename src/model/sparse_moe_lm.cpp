@@ -54,6 +54,7 @@ SparseMoeLM::SparseMoeLM(const Checkpoint& ckpt, const LoadOptions& options,
     moe[size_t(l)] = std::find(mlp_only.begin(), mlp_only.end(), l) == mlp_only.end() &&
                      (l + 1) % sparse_step == 0;
   const int64_t window = c.get_int("sliding_window", 0);
+  if (window < 0) throw InvalidInput(c.where + ": sliding_window must be >= 0, got " + std::to_string(window));
   const std::vector<bool> sliding = flags_.window == SparseMoeFlags::Window::kLayerTypes
                                         ? sliding_layers([](int64_t) { return false; })
                                         : std::vector<bool>(size_t(c.num_layers), false);
