@@ -1,4 +1,5 @@
-// Tensor::from_blob: views of memory moex does not own (the Python module's zero-copy import).
+// Tensor::from_blob: views of memory moex does not own (the Python module's zero-copy import);
+// and Tensor::from_ints's range check.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -44,4 +45,12 @@ TEST(TensorFromBlob, RejectsWhatItCannotAddress) {
   EXPECT_THROW(Tensor::from_blob(x, DType::kF32, {2, 2}, {-2, 1}, Device::cpu()), InvalidInput);
   EXPECT_THROW(Tensor::from_blob(x, DType::kF32, {-1, 2}, {2, 1}, Device::cpu()), InvalidInput);
   EXPECT_THROW(Tensor::from_blob(nullptr, DType::kF32, {2, 2}, {2, 1}, Device::cpu()), InvalidInput);
+}
+
+// Tensor::from_ints into int32: a value that does not fit is refused, not wrapped.
+TEST(TensorFromInts, Int32RefusesValuesThatDoNotFit) {
+  EXPECT_EQ(Tensor::from_ints({-2147483648LL, 2147483647LL}, {2}, DType::kI32).to_int_vector(),
+            (std::vector<int64_t>{-2147483648LL, 2147483647LL}));
+  EXPECT_THROW(Tensor::from_ints({1, 2147483648LL}, {2}, DType::kI32), InvalidInput);
+  EXPECT_THROW(Tensor::from_ints({-2147483649LL}, {1}, DType::kI32), InvalidInput);
 }

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -114,7 +115,12 @@ Tensor Tensor::from_ints(const std::vector<int64_t>& v, Shape shape, DType dtype
   for (size_t i = 0; i < v.size(); ++i) {
     switch (dtype) {
       case DType::kI64: t.data<int64_t>()[i] = v[i]; break;
-      case DType::kI32: t.data<int32_t>()[i] = int32_t(v[i]); break;
+      case DType::kI32:
+        if (v[i] < INT32_MIN || v[i] > INT32_MAX)
+          throw InvalidInput("from_ints: value " + std::to_string(v[i]) + " at " + std::to_string(i) +
+                             " does not fit int32");
+        t.data<int32_t>()[i] = int32_t(v[i]);
+        break;
       default: throw InvalidInput("from_ints: dtype " + std::string(dtype_name(dtype)));
     }
   }
