@@ -4,8 +4,11 @@
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <tuple>
 
+#include "moex/error.hpp"
 #include "moex/experts.hpp"
 #include "support/test_support.hpp"
 
@@ -97,6 +100,25 @@ TEST_P(Consistency, HarnessDetectsAPerturbedWeightAt16Bits) {
     check_case(GetParam(), s, dt, 16, 2, RoutingCase::kEveryExpert, 5001);
     check_case(GetParam(), s, dt, 16, 2, RoutingCase::kEveryExpert, 5002);
   }
+}
+
+// The float64 references check the call's inputs as the backends do: a hidden width other than H,
+// fewer index rows than tokens, weights neither [T, k] nor [T, E] are refused, never read out of
+// range.
+TEST(ReferenceInputs, MisShapedInputsAreRefused) {
+  ExpertsSpec s = make_experts_spec({true, false, false, true}, 4, 19, 13, Activation::kSilu);
+  ExpertsWeights w = random_experts_weights(s, DType::kF32, 6001);
+  Routing r = random_routing(s, 5, 2, DType::kF32, 6001, RoutingCase::kRandom);
+  EXPECT_NO_THROW(experts_reference_f64(s, w, r.hidden, r.top_k_index, r.top_k_weights));
+  const Tensor wide = Tensor::zeros({5, 20}, DType::kF32);
+  const Tensor short_idx = r.top_k_index.slice(0, 0, 3).contiguous();
+  const Tensor odd_weights = Tensor::zeros({5, 3}, DType::kF32);
+  for (auto call : {std::function<void()>([&] { experts_reference_f64(s, w, wide, r.top_k_index, r.top_k_weights); }),
+                    std::function<void()>([&] { experts_reference_f64(s, w, r.hidden, short_idx, r.top_k_weights); }),
+                    std::function<void()>([&] { experts_reference_f64(s, w, r.hidden, r.top_k_index, odd_weights); }),
+                    std::function<void()>(
+                        [&] { experts_reference_f64_bounded(s, w, wide, r.top_k_index, r.top_k_weights, 0); })})
+    EXPECT_THROW(call(), InvalidInput);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, Consistency,

@@ -138,6 +138,12 @@ struct ExpertsWeights {
 // Throws InvalidInput naming the tensor, expected and actual shape / dtype / device; for the
 // per-expert form also when the spec is not one it can hold, or a tensor is missing.
 void validate_experts_weights(const ExpertsSpec& spec, const ExpertsWeights& w);
+// The call's inputs against the spec, as every entry point takes them (backends through
+// Experts::forward, the float64 references): hidden [T, H] float; top_k_index [T, k] int64 /
+// int32; top_k_weights [T, k] or [T, E] float. Throws InvalidInput naming the tensor. Devices and
+// the hidden dtype against the weights are the caller's to check (the references take any).
+void validate_experts_inputs(const ExpertsSpec& spec, const Tensor& hidden, const Tensor& top_k_index,
+                             const Tensor& top_k_weights);
 
 // The fused form of `w`: `w` itself when fused, else gate_up [E, 2I, H] = [gate_e; up_e] and
 // down [E, H, I] copied from the per-expert tensors into new memory on their device (the result

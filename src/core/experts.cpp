@@ -250,16 +250,40 @@ std::string ExpertsBackend::unsupported_reason(const ExpertsSpec& spec, DType dt
   return {};
 }
 
+void validate_experts_inputs(const ExpertsSpec& spec, const Tensor& hidden, const Tensor& idx, const Tensor& tw) {
+  if (!hidden.defined() || hidden.dim() != 2 || hidden.size(1) != spec.hidden)
+    throw InvalidInput("hidden must be [T, " + std::to_string(spec.hidden) + "], got " +
+                       (hidden.defined() ? shape_str(hidden.shape()) : std::string("nothing")));
+  if (!is_floating(hidden.dtype()) || hidden.dtype() == DType::kFP4x2 || hidden.dtype() == DType::kF8E4M3 ||
+      hidden.dtype() == DType::kF8E8M0)
+    throw InvalidInput("hidden must be a float tensor, got " + std::string(dtype_name(hidden.dtype())));
+  const int64_t T = hidden.size(0);
+  if (!idx.defined() || idx.dim() != 2 || idx.size(0) != T)
+    throw InvalidInput("top_k_index must be [" + std::to_string(T) + ", k], got " +
+                       (idx.defined() ? shape_str(idx.shape()) : std::string("nothing")));
+  if (idx.dtype() != DType::kI64 && idx.dtype() != DType::kI32)
+    throw InvalidInput("top_k_index must be int64 or int32, got " +
+                       std::string(dtype_name(idx.dtype())));
+  const int64_t k = idx.size(1), E = spec.num_experts;
+  if (!tw.defined() || tw.dim() != 2 || tw.size(0) != T ||
+      (tw.size(1) != k && tw.size(1) != E))
+    throw InvalidInput("top_k_weights must be [T, k] = [" + std::to_string(T) + ", " +
+                       std::to_string(k) + "] or [T, E] = [" + std::to_string(T) + ", " +
+                       std::to_string(E) + "], got " +
+                       (tw.defined() ? shape_str(tw.shape()) : std::string("nothing")));
+  if (tw.dtype() != DType::kF32 && tw.dtype() != DType::kBF16 && tw.dtype() != DType::kF16)
+    throw InvalidInput("top_k_weights must be a float tensor, got " +
+                       std::string(dtype_name(tw.dtype())));
+}
+
 namespace {
 
 // Validates the call at the library boundary and returns the problem a backend computes on.
 ExpertsProblem make_problem(const ExpertsBackend& b, std::string_view name, const ExpertsSpec& spec,
                             const ExpertsWeights& weights, const Tensor& hidden,
                             const Tensor& idx, const Tensor& tw) {
-  if (!hidden.defined() || hidden.dim() != 2 || hidden.size(1) != spec.hidden)
-    throw InvalidInput("hidden must be [T, " + std::to_string(spec.hidden) + "], got " +
-                       (hidden.defined() ? shape_str(hidden.shape()) : std::string("nothing")));
-  int64_t T = hidden.size(0);
+  validate_experts_inputs(spec, hidden, idx, tw);
+  const int64_t T = hidden.size(0), k = idx.size(1);
   if (spec.quant.quantized()) {
     // Quantized weights: the activations are any float dtype the backend computes in.
     if (hidden.dtype() != DType::kF32 && hidden.dtype() != DType::kBF16 &&
@@ -270,22 +294,6 @@ ExpertsProblem make_problem(const ExpertsBackend& b, std::string_view name, cons
     throw InvalidInput("hidden is " + std::string(dtype_name(hidden.dtype())) +
                        " but the expert weights are " + std::string(dtype_name(weights.dtype())));
   Device dev = weights.device();
-  if (!idx.defined() || idx.dim() != 2 || idx.size(0) != T)
-    throw InvalidInput("top_k_index must be [" + std::to_string(T) + ", k], got " +
-                       (idx.defined() ? shape_str(idx.shape()) : std::string("nothing")));
-  if (idx.dtype() != DType::kI64 && idx.dtype() != DType::kI32)
-    throw InvalidInput("top_k_index must be int64 or int32, got " +
-                       std::string(dtype_name(idx.dtype())));
-  int64_t k = idx.size(1), E = spec.num_experts;
-  if (!tw.defined() || tw.dim() != 2 || tw.size(0) != T ||
-      (tw.size(1) != k && tw.size(1) != E))
-    throw InvalidInput("top_k_weights must be [T, k] = [" + std::to_string(T) + ", " +
-                       std::to_string(k) + "] or [T, E] = [" + std::to_string(T) + ", " +
-                       std::to_string(E) + "], got " +
-                       (tw.defined() ? shape_str(tw.shape()) : std::string("nothing")));
-  if (tw.dtype() != DType::kF32 && tw.dtype() != DType::kBF16 && tw.dtype() != DType::kF16)
-    throw InvalidInput("top_k_weights must be a float tensor, got " +
-                       std::string(dtype_name(tw.dtype())));
   for (const Tensor* t : {&hidden, &idx, &tw})
     if (t->device() != dev)
       throw InvalidInput("experts inputs must be on the weights' device " + dev.str() + ", got " +

@@ -76,6 +76,7 @@ QuantizedReference quantized_reference(const ExpertsSpec& s, const ExpertsWeight
 Tensor experts_reference_f64(const ExpertsSpec& s, const ExpertsWeights& w, const Tensor& hidden,
                              const Tensor& idx, const Tensor& tw) {
   validate_experts_weights(s, w);
+  validate_experts_inputs(s, hidden, idx, tw);
   if (s.quant.quantized()) return quantized_reference(s, w, hidden, idx, tw, 0).out;
   auto host = [](const Tensor& t) { return t.device().host_accessible() ? t : t.to(Device::cpu()); };
   const int64_t T = hidden.size(0), H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
@@ -146,6 +147,7 @@ QuantizedReference experts_reference_f64_bounded(const ExpertsSpec& s, const Exp
                                                  const Tensor& hidden, const Tensor& idx,
                                                  const Tensor& tw, double accumulation_unit_roundoff) {
   validate_experts_weights(s, w);
+  validate_experts_inputs(s, hidden, idx, tw);
   if (s.quant.quantized())
     return quantized_reference(s, w, hidden, idx, tw, accumulation_unit_roundoff);
   QuantizedReference r;
