@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -277,6 +278,28 @@ TEST_F(CliBenchGenerate, CpuTableHasAHeaderAndOneRowPerCase) {
   EXPECT_EQ(rows[1], "# experts: prefill {\"\":\"grouped_mm\"}, decode {\"\":\"grouped_mm\"}") << rows[1];
   EXPECT_EQ(rows[4].rfind("| 1 | 3 |", 0), 0u) << rows[4];
   EXPECT_EQ(rows[5].rfind("| 1 | 4 |", 0), 0u) << rows[5];
+}
+
+// The prefill's flops count weights, not bytes: a checkpoint kept quantized (1 byte per FP8
+// weight, half a byte per FP4 one) has the flops of its dequantized load (it had 1/2 and 1/4 of
+// them, at bfloat16's and float32's element size).
+TEST_F(CliBenchGenerate, QuantizedCheckpointsCountTheirWeightsFlops) {
+  for (const char* fixture : {"deepseek_v3_fp8_float", "deepseek_v3_fp4_experts_ue8m0"}) {
+    const std::string run = "bench generate --model " + test::data_path(std::string("hf-tiny/") + fixture + "/checkpoint") +
+                            " --device cpu --batch 1 --prompt-tokens 4 --new-tokens 2 --repeats 1 --json" + kGiven;
+    std::map<std::string, double> flops;
+    for (const char* how : {" --dtype bfloat16", " --dtype float32", " --dtype bfloat16 --dequantize"}) {
+      Result r = test::run_cli(run + how, tmp_);
+      ASSERT_EQ(r.exit_code, 0) << how << "\n" << r.err;
+      flops[how] = nlohmann::json::parse(lines(r.out).at(0))["prefill_flops"].get<double>();
+    }
+    const double want = flops[" --dtype bfloat16 --dequantize"];
+    ASSERT_GT(want, 0);
+    // Within 4 %: a quantized load holds MLA's absorbed kv_b in bfloat16 beside its FP8 codes (the
+    // decode form), and the weight groups count both (+3.1 % on this tiny fixture).
+    EXPECT_NEAR(flops[" --dtype bfloat16"] / want, 1.0, 0.04) << fixture;
+    EXPECT_NEAR(flops[" --dtype float32"] / want, 1.0, 0.04) << fixture;
+  }
 }
 
 TEST_F(CliBenchGenerate, BadInputExitsTwoWithAClearError) {

@@ -71,6 +71,33 @@ std::optional<int64_t> proc_status_bytes(const std::string& key) {
 
 nlohmann::json json_or_null(const std::optional<int64_t>& v) { return v ? nlohmann::json(*v) : nlohmann::json(); }
 
+// The weights' elements behind dense_bytes (the lm_head included, the embedding table not when
+// it is a table of its own) and behind the routed experts' bytes, for the prefill's flops. Float
+// weights: bytes / element size. A checkpoint kept quantized: per weight group, 1 byte per FP8
+// weight and half a byte per FP4 one, plus its share of a block's scale (4 or 1 bytes per block).
+// The groups count what is held: DeepSeek MLA's absorbed kv_b, a bfloat16 copy beside its FP8
+// codes, counts twice (a few % too many flops; the dequantized load holds it once).
+struct WeightElements {
+  double dense = 0, experts = 0;
+};
+WeightElements weight_elements(const ModelInfo& info, double dense_bytes) {
+  const double es = double(dtype_size(info.dtype));
+  if (!info.quantized_checkpoint || info.dequantized) return {dense_bytes / es, double(info.experts_weight_bytes) / es};
+  WeightElements w;
+  for (const WeightGroupInfo& g : info.weight_groups) {
+    if (g.group == "embeddings" && info.embedding_bytes > 0) continue;
+    double per = g.storage.rfind("fp4", 0) == 0      ? 0.5
+                 : g.storage.rfind("float8", 0) == 0 ? 1.0
+                                                     : double(dtype_size(parse_dtype(g.storage)));
+    if (const size_t x = g.block.find('x'); x != std::string::npos) {  // "128x128", "1x32"
+      const double block = std::stod(g.block.substr(0, x)) * std::stod(g.block.substr(x + 1));
+      per += (g.scale_format == "float32" ? 4.0 : 1.0) / block;
+    }
+    (g.group == "routed_experts" ? w.experts : w.dense) += double(g.bytes) / per;
+  }
+  return w;
+}
+
 }  // namespace
 
 int run_bench_generate(const std::vector<std::string>& argv) {
@@ -132,7 +159,6 @@ int run_bench_generate(const std::vector<std::string>& argv) {
     if (rss_after_load) note(", resident %.2f GB", double(*rss_after_load) / 1e9);
     note("\n");
 
-    const double es = double(dtype_size(info.dtype));
     const double dense_bytes = double(info.weight_bytes - info.experts_weight_bytes - info.embedding_bytes);
     const double E = double(std::max<int64_t>(info.num_experts, 1)), k = double(info.experts_per_token);
     const double moe_share = info.num_experts > 0 ? k / E : 0.0;
@@ -246,8 +272,8 @@ int run_bench_generate(const std::vector<std::string>& argv) {
         const double decode_floor_s = ceil.bandwidth_gbps() > 0 ? step_bytes / (ceil.bandwidth_gbps() * 1e9) : 0;
         // The prefill runs the lm_head on each sequence's last row only (generate's last_only).
         const double lm_head_params = double(info.vocab_size) * double(info.hidden_size);
-        const double params_per_token =
-            (dense_bytes + double(info.experts_weight_bytes) * moe_share) / es - lm_head_params;
+        const WeightElements we = weight_elements(info, dense_bytes);
+        const double params_per_token = we.dense + we.experts * moe_share - lm_head_params;
         const double prefill_flops = 2.0 * params_per_token * double(B * P) + 2.0 * lm_head_params * double(B) +
                                      double(B) * double(P) * double(P + 1) / 2.0 * double(info.attention_flops_per_pair);
         const double prefill_floor_s = ceil.peak_tflops > 0 ? prefill_flops / (ceil.peak_tflops * 1e12) : 0;
