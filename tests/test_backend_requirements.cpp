@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <sstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "moex/backend_requirements.hpp"
 #include "moex/bench.hpp"
@@ -255,6 +258,35 @@ TEST_F(DeepGemmCli, BackendsListsGraphAndQuantizedSupport) {
     EXPECT_NE(r.out.find("deepgemm "), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("deepgemm_megamoe"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("sonicmoe"), std::string::npos) << r.out;
+  }
+}
+
+// backends --json: one row per registered backend, in the registry's order, each field what the
+// backend's caps() say (the CLI of this build registers the same built-in backends as the test).
+TEST_F(DeepGemmCli, BackendsJsonRowsAreTheRegistrysCaps) {
+  const CliResult r = run_cli("backends --json", tmp_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<nlohmann::json> rows;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+  const std::vector<std::string> names = experts_backend_names();
+  ASSERT_EQ(rows.size(), names.size()) << r.out;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const BackendCaps c = get_experts_backend(names[i])->caps();
+    EXPECT_EQ(rows[i]["name"], names[i]);
+    EXPECT_EQ(rows[i]["graph_capturable"], c.graph_capturable) << names[i];
+    EXPECT_EQ(rows[i]["quantized_weights"], c.quantized_weights) << names[i];
+    EXPECT_EQ(rows[i]["devices"].size(), c.devices.size()) << names[i];
+    ASSERT_EQ(rows[i]["dtypes"].size(), c.dtypes.size()) << names[i];
+    for (size_t d = 0; d < c.dtypes.size(); ++d)
+      EXPECT_EQ(rows[i]["dtypes"][d], std::string(dtype_name(c.dtypes[d]))) << names[i];
+    EXPECT_EQ(rows[i]["description"], c.description) << names[i];
+  }
+  // eager is the one built-in backend a graph cannot capture; every backend lists a device.
+  for (const auto& row : rows) {
+    EXPECT_FALSE(row["devices"].empty()) << row.dump();
+    if (row["name"] == "eager") EXPECT_FALSE(row["graph_capturable"].get<bool>());
   }
 }
 
