@@ -253,32 +253,26 @@ __global__ void read_all(const uint4* __restrict__ p, size_t n, unsigned* sink) 
   if (s == 0x12345678u) *sink = s;
 }
 
-// pdl: a programmatic dependent of the kernel before it; cooperative: every block resident at
-// once (the whole-step persistent kernel, whose barrier needs that).
+// How a kernel is launched: plain stream order, as a programmatic dependent of the kernel before
+// it (PDL), or cooperatively (every block resident at once: the whole-step persistent kernel,
+// whose barrier needs that).
+enum class Launch { kPlain, kPdl, kCooperative };
 template <class... KArgs, class... Args>
-void launch(void (*kernel)(KArgs...), int grid, bool pdl, cudaStream_t st, Args... args) {
+void launch(void (*kernel)(KArgs...), int grid, Launch how, cudaStream_t st, Args... args) {
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (how == Launch::kPdl) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+  } else {
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+  }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(grid));
   cfg.blockDim = dim3(kThreads);
   cfg.stream = st;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  CK(cudaLaunchKernelEx(&cfg, kernel, args...));
-}
-template <class... KArgs, class... Args>
-void launch_cooperative(void (*kernel)(KArgs...), int grid, cudaStream_t st, Args... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(grid));
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = st;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = how == Launch::kPlain ? 0 : 1;
   CK(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 
@@ -414,9 +408,10 @@ int main(int argc, char** argv) {
   const int gemv_grid = std::min(4, fit_gemv) * sms;  // the library's one-row grid (gemv_grid)
   auto enqueue_launches = [&](const Chain& c, bool pdl) {
     for (const Phase& p : c.host) {
-      if (p.kind == kGemv) launch(gemv_launch, std::min(gemv_grid, (p.N + kColumns - 1) / kColumns), pdl, st, p);
-      else if (p.kind == kTiny) launch(tiny_launch, 1, pdl, st, p);
-      else launch(act_launch, (p.N + kThreads - 1) / kThreads, pdl, st, p);
+      const Launch how = pdl ? Launch::kPdl : Launch::kPlain;
+      if (p.kind == kGemv) launch(gemv_launch, std::min(gemv_grid, (p.N + kColumns - 1) / kColumns), how, st, p);
+      else if (p.kind == kTiny) launch(tiny_launch, 1, how, st, p);
+      else launch(act_launch, (p.N + kThreads - 1) / kThreads, how, st, p);
     }
   };
   auto enqueue_persistent = [&](const Chain& c, bool ahead, int per_sm, bool per_layer) {
@@ -424,11 +419,12 @@ int main(int argc, char** argv) {
     auto k = !ahead ? chain_persistent<false, 1> : per_sm >= 3 ? chain_persistent<true, 3> : chain_persistent<true, 1>;
     const int grid = per_sm * sms;
     if (!per_layer) {
-      launch_cooperative(k, grid, st, (const Phase*)c.dev, 0, int(c.host.size()), count, 0);
+      launch(k, grid, Launch::kCooperative, st, (const Phase*)c.dev, 0, int(c.host.size()), count, 0);
       return;
     }
     for (int l = 0; l < c.layers; ++l)
-      launch(k, grid, l > 0, st, (const Phase*)c.dev, l * c.steps, (l + 1) * c.steps, count + l, l > 0 ? 1 : 0);
+      launch(k, grid, l > 0 ? Launch::kPdl : Launch::kPlain, st, (const Phase*)c.dev, l * c.steps, (l + 1) * c.steps,
+             count + l, l > 0 ? 1 : 0);
   };
 
   auto run = [&](Chain& c, const char* name, auto enqueue) {
