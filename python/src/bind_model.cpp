@@ -83,6 +83,10 @@ py::dict stats_dict(const GenerationStats& s) {
   d["prepare_seconds"] = s.prepare_seconds;
   d["graph"] = s.graph;
   d["graph_note"] = s.graph_note;
+  d["graph_reused"] = s.graph_reused;
+  // What the decode steps ran (the decode-stage switch), and why the switch did not apply.
+  d["decode_experts_implementation"] = s.decode_experts_implementation;
+  d["decode_switch_note"] = s.decode_switch_note;
   return d;
 }
 

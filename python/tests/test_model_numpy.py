@@ -38,6 +38,11 @@ class ModelFixtures(unittest.TestCase):
             prompt = ref["input_ids"][:1]
             seq = lm.generate(prompt, max_new_tokens=greedy.shape[1] - prompt.shape[1])
             np.testing.assert_array_equal(seq, greedy, err_msg=model)
+            # The CPU never switches the decode stage: it ran the caller's backend.
+            stats = lm.last_generation_stats
+            self.assertEqual(stats["new_tokens"], greedy.shape[1] - prompt.shape[1])
+            self.assertEqual(stats["decode_experts_implementation"][""], "grouped_mm")
+            self.assertEqual(stats["decode_switch_note"], "")
 
     def test_bf16(self):
         ref = reference("qwen2_moe")
