@@ -115,6 +115,15 @@ TEST_F(CliBench, NonsenseNumbersAreRefused) {
   }
 }
 
+// float16 experts run unpacked on the CPU: the row names the portable path and its peak, not the
+// packed kernel the CPU would pick for bfloat16.
+TEST_F(CliBench, CpuFloat16RowsNameThePortablePath) {
+  Result r = bench("--tokens 2 --dtype float16 --backends grouped_mm --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(lines(r.out).at(0));
+  EXPECT_EQ(j["kernel"], "portable (float16 experts are not packed)") << j.dump();
+}
+
 // --graph on times replays only; a backend that cannot be captured (eager) would get no row, so
 // it is refused by name. Needs a GPU (without one the missing device is reported first).
 TEST_F(CliBench, GraphOnRefusesABackendThatCannotBeCaptured) {

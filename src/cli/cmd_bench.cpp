@@ -326,13 +326,17 @@ int run_bench_experts(const std::vector<std::string>& argv) {
   copt.bandwidth = bw_gbs <= 0;
   copt.peak = peak_tflops <= 0;
   copt.cpu_kernel = cpu_kernel;
+  // The CPU engine packs bfloat16 and float32 experts only: float16 runs the portable loops, so
+  // its peak is the portable path's, not the packed kernel's the CPU would pick.
+  const bool f16_unpacked = dev.is_cpu() && !quant.quantized() && dt == DType::kF16;
+  if (f16_unpacked) copt.cpu_kernel = CpuKernelPath::kPortable;
   const bool fp8_tensor_cores = dev.is_cuda() && quant.kind == QuantScheme::Kind::kFp8E4M3;
   const Ceilings ceilings = measure_ceilings(
       dev, fp8_tensor_cores ? DType::kBF16 : quant.quantized() ? DType::kF32 : dt, copt);
   if (copt.bandwidth) bw_gbs = ceilings.bandwidth_gbps();
   if (copt.peak) peak_tflops = ceilings.peak_tflops * (fp8_tensor_cores ? 2.0 : 1.0);
-  const std::string kernel =
-      ceilings.unit + (fp8_tensor_cores && copt.peak ? ", FP8 peak = 2 x bf16" : "");
+  const std::string kernel = ceilings.unit + (fp8_tensor_cores && copt.peak ? ", FP8 peak = 2 x bf16" : "") +
+                             (f16_unpacked ? " (float16 experts are not packed)" : "");
   if (!json)
     std::printf("# shape %s (E=%lld k=%lld H=%lld I=%lld) %s on %s [%s]; ceilings: %.1f GB/s, "
                 "%.1f TFLOP/s%s\n",
