@@ -254,8 +254,8 @@ int run_bench_experts(const std::vector<std::string>& argv) {
   const int min_iters = int(a.get_int("min-iters", 5));
   const double budget_s = a.get_positive_double("budget-s", 1.0);
   if (min_iters < 1) throw InvalidInput("--min-iters must be >= 1");
-  // Given ceilings replace the measured ones; checked here, before anything is measured.
-  (void)a.get_positive_double("bandwidth-gbs", 0), (void)a.get_positive_double("peak-tflops", 0);
+  // Given ceilings replace the measured ones (0: measure); read here, before anything is measured.
+  double bw_gbs = a.get_positive_double("bandwidth-gbs", 0), peak_tflops = a.get_positive_double("peak-tflops", 0);
   const uint64_t seed = parse_seed(a.get("seed"), 1);
   // --cpu-kernel: grouped_mm on the CPU runs that kernel path (registered explicitly for this
   // process), and the peak ceiling is the one of that path's family.
@@ -321,7 +321,6 @@ int run_bench_experts(const std::vector<std::string>& argv) {
   const int64_t R = spec.gate_up_rows();
 
   // Ceilings, measured here unless given.
-  double bw_gbs = a.get_positive_double("bandwidth-gbs", 0), peak_tflops = a.get_positive_double("peak-tflops", 0);
   CeilingsOptions copt;
   copt.bandwidth = bw_gbs <= 0;
   copt.peak = peak_tflops <= 0;
