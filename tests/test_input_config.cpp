@@ -205,6 +205,9 @@ TEST_F(BadConfig, BadRopeValuesAreErrorsNamingTheKey) {
   // Values the formulas cannot take: a window of no keys, a negative clamp, a negative window.
   expect_load_error(variant("gpt_oss", [](Json& c, Json&) { c["sliding_window"] = 0; }),
                     {"sliding_window must be >= 1, got 0"});
+  // Absent, the window is 0 (none), as before: the model loads.
+  EXPECT_EQ(from_pretrained(variant("gpt_oss", [](Json& c, Json&) { c.erase("sliding_window"); }))->info().model_type,
+            "gpt_oss");
   expect_load_error(variant("gpt_oss", [](Json& c, Json&) { c["swiglu_limit"] = -1.0; }),
                     {"swiglu_limit must be > 0"});
   expect_load_error(variant("qwen3_moe", [](Json& c, Json&) { c["sliding_window"] = -5; }),

@@ -50,7 +50,9 @@ class GptOssLM final : public DecoderLM {
     const int64_t window = c.get_int("sliding_window", 0);
     // transformers hard-codes limit 7 and alpha 1.702; real configs carry swiglu_limit = 7 too.
     const float limit = float(c.get_double("swiglu_limit", 7.0));
-    if (window < 1) throw InvalidInput(c.where + ": sliding_window must be >= 1, got " + std::to_string(window));
+    // Absent: 0, no window (as before); given, it must hold at least one key.
+    if (c.has("sliding_window") && window < 1)
+      throw InvalidInput(c.where + ": sliding_window must be >= 1, got " + std::to_string(window));
     if (!(limit > 0)) throw InvalidInput(c.where + ": swiglu_limit must be > 0, got " + std::to_string(limit));
     constexpr float kAlpha = 1.702f;
     // The config's sizes against the headers before the rope table (head_dim) is allocated.
