@@ -264,8 +264,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 // (docs/gpu_model.md): the step's graph 2.24 -> 1.88 ms, the norm + q / k / v GEMV 16-17 ->
 // 12-13 us (25 MB), the shared expert's gate / up beside the routed experts 45 -> 32 us; decode
 // 428 / 430 -> 498 / 497 tokens/s with 4 blocks per SM asked (484 with 2, 497 with 8). What fits
-// caps it: 3 blocks of the plain one-row kernel (72 registers) and 2 of the norm-forming one (99),
-// so 4 and 8 ran the same grid. At 8 rows the
+// caps it: with today's registers (ptxas: 72 plain, 99 norm-forming) 3 and 2 blocks, so 4 and 8
+// now ask for the same grid. At 8 rows the
 // same grid lost 1.5 % (1,491 / 1,495 -> 1,469 / 1,470 tokens/s), so more rows keep one block per
 // column group. MOEX_GEMV_BLOCKS_PER_SM (measuring only) sets the blocks per SM at every row
 // count, 0 = one block per column group.
