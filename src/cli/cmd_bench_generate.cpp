@@ -36,6 +36,7 @@
 #include "cli/command.hpp"
 #include "cli/seed.hpp"
 #include "moex/bench.hpp"
+#include "moex/env_switches.hpp"
 #include "moex/error.hpp"
 #include "moex/model.hpp"
 #if MOEX_WITH_CUDA
@@ -254,6 +255,8 @@ int run_bench_generate(const std::vector<std::string>& argv) {
       if (!timed.empty() && !timed.front().decode_switch_note.empty())
         std::printf(" (%s)", timed.front().decode_switch_note.c_str());
       std::printf("\n");
+      if (!measuring_switches_set().empty())
+        std::printf("# measuring switches set: %s\n", measuring_switches_set().c_str());
     }
     if (!json)
       std::printf("| batch | prompt | prefill tok/s | decode tok/s | ms/token | TTFT ms | decode floor ms | "
@@ -313,6 +316,7 @@ int run_bench_generate(const std::vector<std::string>& argv) {
         j["graph"] = t.graph;
         j["graph_reused"] = t.graph_reused;
         if (!t.graph_note.empty()) j["graph_note"] = t.graph_note;
+        j["measuring_switches"] = measuring_switches_set();
         if (json) {
           std::printf("%s\n", j.dump().c_str());
         } else {

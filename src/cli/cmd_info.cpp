@@ -7,6 +7,7 @@
 #include "cli/args.hpp"
 #include "cli/command.hpp"
 #include "cli/load_progress.hpp"
+#include "moex/env_switches.hpp"
 #include "moex/experts_auto.hpp"
 #include "moex/model.hpp"
 #if MOEX_WITH_CUDA
@@ -21,8 +22,9 @@ int run_info(const std::vector<std::string>& argv) {
                             "Load a checkpoint and describe it as JSON: architecture, sizes, MoE layers, stop\n"
                             "tokens, the experts map, the weights held per module group (storage dtype,\n"
                             "block and scale format of quantized weights, bytes), the load's bytes,\n"
-                            "seconds and GB/s, and with --experts-implementation auto the table of its\n"
-                            "choices (grouped_mm or batched_mm per call size, both timed on the device).",
+                            "seconds and GB/s, the MOEX_* environment switches and their values, and with\n"
+                            "--experts-implementation auto the table of its choices (grouped_mm or\n"
+                            "batched_mm per call size, both timed on the device).",
                             load_flags()};
   Args a(argv, kUsage);
   LoadOptions o = load_options(a);
@@ -88,6 +90,17 @@ int run_info(const std::vector<std::string>& argv) {
   j["weights"] = groups;
   // The load: bytes placed on the device, wall time, and the rate (file reads, dtype conversion
   // and host->device copies together).
+  // Every MOEX_* environment variable the library reads, with its value here: a measuring switch
+  // that is set changes which kernels run.
+  nlohmann::json switches = nlohmann::json::array();
+  for (const EnvSwitch& s : env_switches())
+    switches.push_back({{"name", s.name},
+                        {"value", s.value ? nlohmann::json(*s.value) : nlohmann::json()},
+                        {"accepts", s.accepts},
+                        {"unset", s.unset},
+                        {"meaning", s.meaning},
+                        {"measuring", s.measuring}});
+  j["env_switches"] = switches;
   j["load"] = {{"weight_bytes", i.weight_bytes},
                {"seconds", i.load_seconds},
                {"gb_per_second", i.load_seconds > 0 ? double(i.weight_bytes) / i.load_seconds / 1e9 : 0.0}};

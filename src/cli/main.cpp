@@ -13,6 +13,7 @@
 
 #include "cli/args.hpp"
 #include "cli/command.hpp"
+#include "moex/env_switches.hpp"
 #include "moex/error.hpp"
 
 namespace moex::cli {
@@ -61,6 +62,7 @@ static void usage(std::FILE* f) {
 int main(int argc, char** argv) {
   int first = 1;
   try {
+    moex::check_env_switches();
     if (const char* env = std::getenv("MOEX_PLUGINS")) {
       std::string list = env;
       size_t start = 0;

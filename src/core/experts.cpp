@@ -6,6 +6,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "moex/env_switches.hpp"
 #include "moex/error.hpp"
 #include "moex/quant.hpp"
 
@@ -379,6 +380,7 @@ struct PreparedCache {
 Experts::Experts(ExpertsSpec spec, ExpertsWeights weights)
     : spec_(std::move(spec)), weights_(std::move(weights)),
       cache_(std::make_shared<PreparedCache>()) {
+  check_env_switches();
   validate_experts_weights(spec_, weights_);
 }
 

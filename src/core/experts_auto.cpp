@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/device_hooks.hpp"
+#include "core/env_switch_read.hpp"
 #include "io/output_file.hpp"
 #include "moex/bench.hpp"
 #include "moex/error.hpp"
@@ -281,7 +282,7 @@ std::string experts_auto_cache_file() {
     const char* v = std::getenv(n);
     return v && *v ? std::string(v) : std::string();
   };
-  if (std::string d = env("MOEX_CACHE_DIR"); !d.empty()) return d + "/experts_auto.json";
+  if (auto d = env_switch_text("MOEX_CACHE_DIR")) return *d + "/experts_auto.json";
   if (std::string d = env("XDG_CACHE_HOME"); !d.empty()) return d + "/moex/experts_auto.json";
   if (std::string d = env("HOME"); !d.empty()) return d + "/.cache/moex/experts_auto.json";
   return {};

@@ -17,6 +17,7 @@
 #include <new>
 
 #include "core/activation.hpp"
+#include "core/env_switch_read.hpp"
 #include "cpu/big_alloc.hpp"
 #include "cpu/engine.hpp"
 
@@ -361,7 +362,7 @@ void run_typed(const PreparedCpuExperts& p, const ExpertsProblem& pr, Tensor& ou
   const T* hidden = pr.hidden.data<T>();
   T* o = out.data<T>();
   // MOEX_CPU_PROFILE=1 prints the time of each phase (kernel lab use; off by default).
-  static const bool profile = std::getenv("MOEX_CPU_PROFILE") != nullptr;
+  static const bool profile = env_switch_int("MOEX_CPU_PROFILE", 0) == 1;
   double stamp[kPhases + 1] = {omp_get_wtime()};  // stamp[ph]: phase ph starts
 
   const int nt_max = omp_get_max_threads();

@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/env_switch_read.hpp"
 #include "cuda/common.cuh"
 #include "cuda/runtime.hpp"
 #include "moex/comm.hpp"
@@ -54,10 +55,10 @@ struct NcclApi {
 const NcclApi& nccl() {
   static const NcclApi api = [] {
     NcclApi a;
-    const char* env = std::getenv("MOEX_NCCL_LIBRARY");
-    void* h = env && *env ? dlopen(env, RTLD_NOW | RTLD_LOCAL) : dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    const std::string name = env_switch_text("MOEX_NCCL_LIBRARY").value_or("libnccl.so.2");
+    void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!h) {
-      a.error = std::string("NCCL not found (") + (env && *env ? env : "libnccl.so.2") + ": " + dlerror() +
+      a.error = "NCCL not found (" + name + ": " + dlerror() +
                 "); install NCCL or set MOEX_NCCL_LIBRARY to its libnccl.so.2";
       return a;
     }

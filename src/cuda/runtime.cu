@@ -1,6 +1,7 @@
 // CUDA foundation: see runtime.hpp for the design notes.
 #include "cuda/runtime.hpp"
 #include "cuda/pdl.cuh"
+#include "core/env_switch_read.hpp"
 
 #include <cublas_v2.h>
 
@@ -135,13 +136,7 @@ cudaStream_t side_stream() {
   return side[d];
 }
 
-int env_int(const char* name, int fallback) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return fallback;
-  char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  return *end == '\0' ? int(v) : fallback;
-}
+int env_int(const char* name, int fallback) { return int(env_switch_int(name, fallback)); }
 
 namespace {
 thread_local bool t_on_side = false;
@@ -413,10 +408,7 @@ void flush_l2(void* flush, int i, int dev, cudaStream_t s) {
 }  // namespace
 
 bool l2_flush_writes() {
-  static const bool write = [] {
-    const char* e = std::getenv("MOEX_BENCH_L2_FLUSH");
-    return e && std::strcmp(e, "write") == 0;
-  }();
+  static const bool write = env_switch_int("MOEX_BENCH_L2_FLUSH", 0) == 1;
   return write;
 }
 

@@ -89,8 +89,9 @@ bool stream_priorities();
 // cap, for measuring.
 int side_blocks_per_sm();
 void set_on_side(bool on);  // this thread's launches are on a branch's side
-// A measuring switch: the integer value of the environment variable `name`, or `fallback` when
-// it is unset or not a number. Read once per name by the caller (static).
+// A measuring switch: the integer value of the environment variable `name` (one of the table in
+// src/core/env_switches.cpp), or `fallback` when it is unset; a value the table does not accept
+// throws InvalidInput naming it. Read once per name by the caller (static).
 int env_int(const char* name, int fallback);
 
 // ---- memory ----

@@ -12,6 +12,7 @@
 #include "model/architecture.hpp"
 #include "model/kept_decode_graph.hpp"
 #include "moex/checkpoint.hpp"
+#include "moex/env_switches.hpp"
 #include "moex/error.hpp"
 #include "moex/experts.hpp"
 #include "ops/ops.hpp"
@@ -264,8 +265,9 @@ std::vector<std::string> supported_model_types() {
 }
 
 std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const LoadOptions& options) {
-  // Backend names are checked before the (possibly long) load; keys need the model's sub-configs
-  // and are checked when it is built.
+  // Backend names and the environment's switches are checked before the (possibly long) load;
+  // keys need the model's sub-configs and are checked when it is built.
+  check_env_switches();
   for (const auto& [key, backend] : options.experts_implementation) (void)get_experts_backend(backend);
   auto ckpt = Checkpoint::open(dir);
   const std::string type = ckpt->model_type();

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/env_switch_read.hpp"
 #include "moex/error.hpp"
 #include "ops/cuda/cuda_ops.hpp"
 
@@ -38,11 +39,6 @@ namespace {
 
 namespace fe = cudnn_frontend;
 
-bool env_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v && std::strcmp(v, "0") == 0;
-}
-
 struct Library {
   bool loaded = false;
   std::string status;
@@ -51,12 +47,11 @@ struct Library {
 const Library& library() {
   static const Library lib = [] {
     Library l;
-    if (env_off("MOEX_CUDNN")) {
+    if (env_switch_int("MOEX_CUDNN", 1) == 0) {
       l.status = "cuDNN attention off (MOEX_CUDNN=0)";
       return l;
     }
-    const char* env = std::getenv("MOEX_CUDNN_LIBRARY");
-    const std::string name = env && *env ? env : "libcudnn.so.9";
+    const std::string name = env_switch_text("MOEX_CUDNN_LIBRARY").value_or("libcudnn.so.9");
     void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!h) {
       const char* err = dlerror();
