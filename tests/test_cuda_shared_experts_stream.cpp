@@ -64,7 +64,9 @@ GenerationOptions options(bool graph, bool sample) {
 }
 
 // kOn puts every call on the branch (prompts of 2 x 70 rows too), kAuto the decode steps; each
-// gives exactly kOff's logits and tokens, with and without the graph, greedy and sampled.
+// gives exactly kOff's logits and tokens, with and without the graph, greedy and sampled. The
+// branch count says each mode forked where it should (kOff never), so equal bits cannot come
+// from a mode that silently ran in line.
 TEST_P(SharedExpertsStreamGpu, SameBitsAsInLine) {
   const std::string model = GetParam();
   std::vector<int64_t> ids;
@@ -74,6 +76,7 @@ TEST_P(SharedExpertsStreamGpu, SameBitsAsInLine) {
   for (const char* ckpt : {"checkpoint_fp32", "checkpoint_bf16"}) {
     const DType dt = std::string(ckpt) == "checkpoint_fp32" ? DType::kF32 : DType::kBF16;
     for (const char* backend : {"grouped_mm", "batched_mm"}) {
+      const int64_t before_off = detail::stream_branches_opened();
       auto off = load(model, ckpt, dt, SharedExpertsStream::kOff, backend);
       const Tensor want = off->logits(prompt);
       std::vector<std::vector<int64_t>> want_tokens;
@@ -81,18 +84,27 @@ TEST_P(SharedExpertsStreamGpu, SameBitsAsInLine) {
         for (bool sample : {false, true})
           want_tokens.push_back(off->generate(short_prompt, options(graph, sample)).to_int_vector());
       off.reset();
+      EXPECT_EQ(detail::stream_branches_opened(), before_off) << model << " " << ckpt << " " << backend << " off";
       for (auto mode : {SharedExpertsStream::kOn, SharedExpertsStream::kAuto}) {
         const std::string what = model + " " + ckpt + " " + backend +
                                  (mode == SharedExpertsStream::kOn ? " on" : " auto");
         auto lm = load(model, ckpt, dt, mode, backend);
+        const int64_t before_prompt = detail::stream_branches_opened();
         const Tensor got = lm->logits(prompt);
+        // The prompt's 140 rows fork under kOn only (kAuto forks up to kSharedExpertsBesideRows).
+        if (mode == SharedExpertsStream::kOn) EXPECT_GT(detail::stream_branches_opened(), before_prompt) << what;
+        else EXPECT_EQ(detail::stream_branches_opened(), before_prompt) << what;
         EXPECT_EQ(got.to(Device::cpu()).to_float_vector(), want.to(Device::cpu()).to_float_vector()) << what;
         size_t i = 0;
         for (bool graph : {false, true})
           for (bool sample : {false, true}) {
+            const int64_t before = detail::stream_branches_opened();
             EXPECT_EQ(lm->generate(short_prompt, options(graph, sample)).to_int_vector(), want_tokens[i++])
                 << what << (graph ? " graph" : " direct") << (sample ? " sampled" : " greedy");
             EXPECT_EQ(lm->last_generation_stats().graph, graph) << lm->last_generation_stats().graph_note;
+            // The 2 x 6 prompt and the decode steps fork in both modes (a kept graph's replays
+            // open none, but its prompt still runs directly).
+            EXPECT_GT(detail::stream_branches_opened(), before) << what << (graph ? " graph" : " direct");
           }
       }
     }

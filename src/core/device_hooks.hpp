@@ -89,6 +89,9 @@ class StreamBranch {
 };
 // Unsupported for a device without streams (the CPU, or any device without CUDA).
 std::unique_ptr<StreamBranch> open_stream_branch(Device device);
+// Branches opened in this process so far, on every device (tests check that a mode meant to
+// fork did; 0 in a CPU-only build).
+int64_t stream_branches_opened();
 // mark_sentinels (moex/expert_shard.hpp) of device ids: out[i] = in[i] - first when
 // first <= in[i] < first + count, else count; in and out contiguous int32 / int64 of one dtype
 // and shape on one CUDA device; stream work on the current stream (capturable). Negative ids are

@@ -33,6 +33,8 @@ std::unique_ptr<StreamBranch> open_stream_branch(Device device) {
   throw Unsupported("a stream branch on " + device.str() + " was requested, but this moex was built without CUDA");
 }
 
+int64_t stream_branches_opened() { return 0; }
+
 bool capturing(Device) { return false; }
 void gather_rows_on_device(const Tensor& src, const Tensor&, Tensor&) {
   throw Unsupported("a row gather of " + src.str() + " was requested, but this moex was built without CUDA");

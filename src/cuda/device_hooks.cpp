@@ -4,6 +4,7 @@
 #include "cuda/runtime.hpp"
 #include "moex/error.hpp"
 
+#include <atomic>
 #include <map>
 #include <utility>
 #include <vector>
@@ -210,10 +211,18 @@ class CudaStreamBranch final : public StreamBranch {
 
 }  // namespace
 
+namespace {
+std::atomic<int64_t> g_branches_opened{0};
+}  // namespace
+
 std::unique_ptr<StreamBranch> open_stream_branch(Device device) {
   if (!device.is_cuda()) throw Unsupported("a stream branch needs a CUDA device, got " + device.str());
-  return std::make_unique<CudaStreamBranch>(device.index);
+  auto b = std::make_unique<CudaStreamBranch>(device.index);
+  g_branches_opened.fetch_add(1, std::memory_order_relaxed);
+  return b;
 }
+
+int64_t stream_branches_opened() { return g_branches_opened.load(std::memory_order_relaxed); }
 
 bool capturing(Device device) {
   if (!device.is_cuda()) return false;
