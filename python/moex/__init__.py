@@ -25,6 +25,7 @@ from ._moex import (  # noqa: F401
     Unsupported,
     backends,
     built_with_cuda,
+    env_switches,
     supported_model_types,
 )
 from ._experts import experts_forward  # noqa: F401
@@ -40,6 +41,7 @@ __all__ = [
     "Unsupported",
     "backends",
     "built_with_cuda",
+    "env_switches",
     "experts_forward",
     "from_pretrained",
     "supported_model_types",

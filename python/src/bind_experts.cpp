@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "moex/env_switches.hpp"
 #include "moex/experts.hpp"
 #include "tensor_import.hpp"
 
@@ -137,6 +138,21 @@ py::list backends() {
   return out;
 }
 
+py::list env_switches_list() {
+  py::list out;
+  for (const EnvSwitch& e : env_switches()) {
+    py::dict d;
+    d["name"] = e.name;
+    d["value"] = e.value ? py::object(py::str(*e.value)) : py::object(py::none());
+    d["accepts"] = e.accepts;
+    d["unset"] = e.unset;
+    d["meaning"] = e.meaning;
+    d["measuring"] = e.measuring;
+    out.append(d);
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_experts(py::module_& m) {
@@ -164,6 +180,10 @@ void bind_experts(py::module_& m) {
   m.def("backends", &backends,
         "Registered experts backends: one dict per (name, implementation) with its devices, "
         "dtypes, graph_capturable and description.");
+  m.def("env_switches", &env_switches_list,
+        "The MOEX_* environment variables the library reads: one dict each with name, value (None "
+        "when unset), accepts, unset (what happens then), meaning and measuring (whether it changes "
+        "which kernels run). A value it does not accept raises InvalidInput where work starts.");
 }
 
 }  // namespace moex::python

@@ -21,6 +21,22 @@ class ExpertsCases(unittest.TestCase):
         for b in moex.backends():
             self.assertTrue(b["devices"] and b["dtypes"] and b["description"], b)
 
+    def test_env_switches_listed_and_checked(self):
+        names = {s["name"]: s for s in moex.env_switches()}
+        self.assertIn("MOEX_PDL", names)
+        self.assertTrue(all(s["accepts"] and s["meaning"] for s in names.values()), names)
+        old = os.environ.get("MOEX_NORM_GEMV")
+        os.environ["MOEX_NORM_GEMV"] = "maybe"
+        try:
+            self.assertEqual({s["name"]: s["value"] for s in moex.env_switches()}["MOEX_NORM_GEMV"], "maybe")
+            with self.assertRaisesRegex(moex.InvalidInput, 'MOEX_NORM_GEMV="maybe".*0 or 1'):
+                moex.Experts(np.zeros((2, 8, 4), np.float32), np.zeros((2, 4, 4), np.float32))
+        finally:
+            if old is None:
+                del os.environ["MOEX_NORM_GEMV"]
+            else:
+                os.environ["MOEX_NORM_GEMV"] = old
+
     def test_matches_transformers(self):
         for model in _fixtures.EXPERTS_MODELS:
             w, layout, cases = _fixtures.experts_fixture(model)
