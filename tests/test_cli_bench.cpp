@@ -304,10 +304,10 @@ TEST_F(CliBenchGenerate, QuantizedCheckpointsCountTheirWeightsFlops) {
     }
     const double want = flops[" --dtype bfloat16 --dequantize"];
     ASSERT_GT(want, 0);
-    // Within 4 %: a quantized load holds MLA's absorbed kv_b in bfloat16 beside its FP8 codes (the
-    // decode form), and the weight groups count both (+3.1 % on this tiny fixture).
-    EXPECT_NEAR(flops[" --dtype bfloat16"] / want, 1.0, 0.04) << fixture;
-    EXPECT_NEAR(flops[" --dtype float32"] / want, 1.0, 0.04) << fixture;
+    // Exactly: the weight groups count elements, not bytes, and MLA's absorbed kv_b (a bfloat16
+    // copy beside its FP8 codes, the decode form) once.
+    EXPECT_EQ(flops[" --dtype bfloat16"], want) << fixture;
+    EXPECT_EQ(flops[" --dtype float32"], want) << fixture;
   }
 }
 

@@ -1,6 +1,7 @@
 // Checkpoint layouts a model must accept: tied embeddings (no lm_head.weight), experts already
-// fused on disk (gate_up_proj / down_proj) instead of one tensor per expert, and a float32
-// checkpoint converted to bf16 at load (bit-identical to transformers' own bf16 checkpoint).
+// fused on disk (gate_up_proj / down_proj) instead of one tensor per expert, a float32
+// checkpoint converted to bf16 at load (bit-identical to transformers' own bf16 checkpoint), and
+// tensors the model does not use (listed and noted, not an error).
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -8,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -154,6 +156,58 @@ TEST_F(Layouts, DecoderSparseStepZeroIsAnError) {
       }
     }
   }
+}
+
+// Every tensor of every fixture checkpoint (float32, bfloat16, FP8 / FP4 kept quantized or
+// dequantized) is used by its load: the list of unused ones is empty, so the note below never
+// fires on a checkpoint transformers uses whole.
+TEST_F(Layouts, EveryFixtureTensorIsUsed) {
+  for (const char* model : {"qwen2_moe", "mixtral", "olmoe", "qwen3_moe", "deepseek_v3", "gpt_oss"})
+    for (const char* ckpt : {"checkpoint_fp32", "checkpoint_bf16"}) {
+      const auto lm = from_pretrained(test::data_path(std::string("hf-tiny/") + model + "/" + ckpt));
+      EXPECT_TRUE(lm->info().unused_tensors.empty()) << model << " " << ckpt << ": "
+                                                     << lm->info().unused_tensors.front();
+    }
+  // The vision tower is left unread on purpose, and is not listed.
+  EXPECT_TRUE(from_pretrained(test::data_path("hf-tiny/qwen3_vl_moe/checkpoint_fp32"))->info().unused_tensors.empty());
+  for (const char* fixture : {"deepseek_v3_fp8_float", "deepseek_v3_fp8_ue8m0", "deepseek_v3_fp4_experts_ue8m0"})
+    for (bool dequantize : {false, true}) {
+      LoadOptions o;
+      o.dequantize = dequantize;
+      const auto lm = from_pretrained(test::data_path(std::string("hf-tiny/") + fixture + "/checkpoint"), o);
+      EXPECT_TRUE(lm->info().unused_tensors.empty()) << fixture << " " << lm->info().unused_tensors.front();
+    }
+}
+
+// Tensors the model does not use (a layer past num_hidden_layers, as DeepSeek-V3's
+// multi-token-prediction layer; a stray name) load as before, are listed in ModelInfo and
+// `moex info`, and the CLI's model commands say so in one line on stderr.
+TEST_F(Layouts, UnusedTensorsAreListedAndNoted) {
+  auto src = Checkpoint::open(test::data_path("hf-tiny/qwen2_moe/checkpoint_fp32"));
+  auto tensors = all_tensors(*src);
+  tensors["model.layers.99.mlp.gate.weight"] = tensors.at("model.layers.0.mlp.gate.weight");
+  tensors["mtp.head.weight"] = tensors.at("lm_head.weight");
+  const std::string dir = write("extra", tensors, src->config());
+  const auto lm = from_pretrained(dir);
+  EXPECT_EQ(lm->info().unused_tensors, (std::vector<std::string>{"model.layers.99.mlp.gate.weight", "mtp.head.weight"}));
+  EXPECT_EQ(lm->logits(ids()).to_float_vector(),
+            from_pretrained(test::data_path("hf-tiny/qwen2_moe/checkpoint_fp32"))->logits(ids()).to_float_vector());
+
+  const auto gen = test::run_cli("generate --model " + dir + " --prompt-ids 1,2,3 --max-new-tokens 2", tmp_);
+  EXPECT_EQ(gen.exit_code, 0) << gen.err;
+  EXPECT_EQ(gen.err,
+            "moex: note: 2 tensors of the checkpoint were not used: model.layers.99.mlp.gate.weight, "
+            "mtp.head.weight (moex info lists them)\n");
+  const auto info = test::run_cli("info --model " + dir, tmp_);
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_EQ(nlohmann::json::parse(info.out)["unused_tensors"],
+            nlohmann::json({"model.layers.99.mlp.gate.weight", "mtp.head.weight"}));
+  // Every tensor used: no note.
+  const auto clean = test::run_cli(
+      "generate --model " + test::data_path("hf-tiny/qwen2_moe/checkpoint_fp32") + " --prompt-ids 1,2,3 --max-new-tokens 2",
+      tmp_);
+  EXPECT_EQ(clean.exit_code, 0);
+  EXPECT_EQ(clean.err, "");
 }
 
 }  // namespace

@@ -237,6 +237,22 @@ TEST(QuantizedInfo, DequantizedGroupsAreFloat) {
   EXPECT_EQ(bytes["routed_experts"], 16 * 3 * 128 * 256 * 4);
 }
 
+// Every group counts its weight values (elements) the same whether the load keeps them quantized
+// or not: the codes' packing (FP4: two per byte), the scales and MLA's absorbed kv_b (a second,
+// bfloat16 form beside the FP8 codes) add bytes, never elements.
+TEST(QuantizedInfo, ElementsAreTheSameQuantizedOrDequantized) {
+  for (const char* fixture : {"deepseek_v3_fp8_float", "deepseek_v3_fp4_experts_ue8m0"}) {
+    std::map<std::string, int64_t> quantized, dequantized;
+    const auto q = load(checkpoint_of(fixture), "grouped_mm", false), d = load(checkpoint_of(fixture), "grouped_mm", true);
+    for (const WeightGroupInfo& g : q->info().weight_groups) quantized[g.group] += g.elements;
+    for (const WeightGroupInfo& g : d->info().weight_groups) dequantized[g.group] += g.elements;
+    EXPECT_EQ(quantized, dequantized) << fixture;
+    // Routed experts: 16 experts x 3 x 128 x 256 values in layer 1.
+    EXPECT_EQ(quantized["routed_experts"], 16 * 3 * 128 * 256) << fixture;
+    for (const auto& [group, n] : quantized) EXPECT_GT(n, 0) << fixture << " " << group;
+  }
+}
+
 TEST(QuantizedCli, InfoReportsGroupsAndDequantize) {
   test::TempDir tmp;
   const auto r = test::run_cli("info --model " + checkpoint_of("deepseek_v3_fp8_ue8m0") + " --dequantize --dtype float32",

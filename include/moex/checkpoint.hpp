@@ -7,7 +7,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,9 +46,19 @@ class Checkpoint {
   // Called with the stored bytes of each tensor the checked get() hands out, i.e. as a model is
   // loaded (load progress). Set it before loading; get() calls it on the caller's thread.
   void set_read_hook(std::function<void(int64_t bytes)> hook) { read_hook_ = std::move(hook); }
+  // The tensors no checked get() has handed out so far, sorted: after a model's load, the ones it
+  // did not use (what transformers warns of as "weights of the checkpoint not used"). Names
+  // under a prefix given to leave_unread() are not listed.
+  std::vector<std::string> unread() const;
+  // Tensors under `prefix` are left unread on purpose (a part of the model moex does not run,
+  // such as qwen3_vl_moe's vision tower).
+  void leave_unread(const std::string& prefix) const;
 
  private:
   std::function<void(int64_t bytes)> read_hook_;
+  mutable std::mutex read_mu_;
+  mutable std::set<std::string> read_;  // names the checked get() handed out
+  mutable std::vector<std::string> left_unread_;  // prefixes
   std::string dir_;
   std::shared_ptr<nlohmann::json> config_, generation_config_;
   std::map<std::string, std::shared_ptr<SafetensorsFile>> files_;  // shard file -> mapping

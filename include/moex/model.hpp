@@ -171,6 +171,10 @@ struct WeightGroupInfo {
   std::string scale_format;  // quantized: "float32" or "ue8m0"; else ""
   int64_t tensors = 0;  // weights (linears, experts modules) in the entry
   int64_t bytes = 0;    // bytes held: values, packed forms and scales
+  // Weight values a prompt's matmuls multiply (out x in per linear, all experts' gate_up and
+  // down), whatever they are stored as; scales, biases and second forms of a weight kept for
+  // decode (MLA's absorbed kv_b) are not counted.
+  int64_t elements = 0;
 };
 
 struct ModelInfo {
@@ -208,6 +212,11 @@ struct ModelInfo {
   bool quantized_checkpoint = false;
   bool dequantized = false;
   std::vector<WeightGroupInfo> weight_groups;
+  // Checkpoint tensors the load did not use, sorted (as transformers warns of unused weights):
+  // e.g. DeepSeek-V3's multi-token-prediction layer past num_hidden_layers, or a bias the
+  // config says the model has not. Empty under expert or tensor parallelism, where each rank
+  // leaves the others' shares unread by design.
+  std::vector<std::string> unused_tensors;
 };
 
 namespace detail {

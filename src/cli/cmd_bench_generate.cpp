@@ -34,6 +34,7 @@
 
 #include "cli/args.hpp"
 #include "cli/command.hpp"
+#include "cli/load_progress.hpp"
 #include "cli/seed.hpp"
 #include "moex/bench.hpp"
 #include "moex/env_switches.hpp"
@@ -72,29 +73,18 @@ std::optional<int64_t> proc_status_bytes(const std::string& key) {
 
 nlohmann::json json_or_null(const std::optional<int64_t>& v) { return v ? nlohmann::json(*v) : nlohmann::json(); }
 
-// The weights' elements behind dense_bytes (the lm_head included, the embedding table not when
-// it is a table of its own) and behind the routed experts' bytes, for the prefill's flops. Float
-// weights: bytes / element size. A checkpoint kept quantized: per weight group, 1 byte per FP8
-// weight and half a byte per FP4 one, plus its share of a block's scale (4 or 1 bytes per block).
-// The groups count what is held: DeepSeek MLA's absorbed kv_b, a bfloat16 copy beside its FP8
-// codes, counts twice (a few % too many flops; the dequantized load holds it once).
+// The weights' elements for the prefill's flops, from the weight groups' element counts
+// (WeightGroupInfo::elements: each weight's values once, whatever they are stored as, so a
+// checkpoint kept quantized counts what its dequantized load does): the routed experts', and
+// the rest's (the lm_head included, the embedding table not when it is a table of its own).
 struct WeightElements {
   double dense = 0, experts = 0;
 };
-WeightElements weight_elements(const ModelInfo& info, double dense_bytes) {
-  const double es = double(dtype_size(info.dtype));
-  if (!info.quantized_checkpoint || info.dequantized) return {dense_bytes / es, double(info.experts_weight_bytes) / es};
+WeightElements weight_elements(const ModelInfo& info) {
   WeightElements w;
   for (const WeightGroupInfo& g : info.weight_groups) {
     if (g.group == "embeddings" && info.embedding_bytes > 0) continue;
-    double per = g.storage.rfind("fp4", 0) == 0      ? 0.5
-                 : g.storage.rfind("float8", 0) == 0 ? 1.0
-                                                     : double(dtype_size(parse_dtype(g.storage)));
-    if (const size_t x = g.block.find('x'); x != std::string::npos) {  // "128x128", "1x32"
-      const double block = std::stod(g.block.substr(0, x)) * std::stod(g.block.substr(x + 1));
-      per += (g.scale_format == "float32" ? 4.0 : 1.0) / block;
-    }
-    (g.group == "routed_experts" ? w.experts : w.dense) += double(g.bytes) / per;
+    (g.group == "routed_experts" ? w.experts : w.dense) += double(g.elements);
   }
   return w;
 }
@@ -153,6 +143,7 @@ int run_bench_generate(const std::vector<std::string>& argv) {
     };
     note("moex bench generate: loading %s\n", dir.c_str());
     auto lm = from_pretrained(dir, o);
+    note_unused_tensors(lm->info(), progress);
     const ModelInfo& info = lm->info();
     const bool host = !info.device.is_cuda();
     const std::optional<int64_t> rss_after_load = host ? proc_status_bytes("VmRSS") : std::nullopt;
@@ -275,7 +266,7 @@ int run_bench_generate(const std::vector<std::string>& argv) {
         const double decode_floor_s = ceil.bandwidth_gbps() > 0 ? step_bytes / (ceil.bandwidth_gbps() * 1e9) : 0;
         // The prefill runs the lm_head on each sequence's last row only (generate's last_only).
         const double lm_head_params = double(info.vocab_size) * double(info.hidden_size);
-        const WeightElements we = weight_elements(info, dense_bytes);
+        const WeightElements we = weight_elements(info);
         const double params_per_token = we.dense + we.experts * moe_share - lm_head_params;
         const double prefill_flops = 2.0 * params_per_token * double(B * P) + 2.0 * lm_head_params * double(B) +
                                      double(B) * double(P) * double(P + 1) / 2.0 * double(info.attention_flops_per_pair);

@@ -189,6 +189,7 @@ int run_generate(const std::vector<std::string>& argv) {
       if (lead) progress.emplace(o);
       lm = from_pretrained(dir, o);
     }
+    note_unused_tensors(lm->info(), lead ? stderr : nullptr);
     GenerationOptions gr = g;
     const int64_t vocab = lm->info().vocab_size;
     if (tok)

@@ -80,7 +80,8 @@ int run_info(const std::vector<std::string>& argv) {
   j["dequantized"] = i.dequantized;
   nlohmann::json groups = nlohmann::json::array();
   for (const WeightGroupInfo& g : i.weight_groups) {
-    nlohmann::json e = {{"group", g.group}, {"storage", g.storage}, {"tensors", g.tensors}, {"bytes", g.bytes}};
+    nlohmann::json e = {{"group", g.group},     {"storage", g.storage}, {"tensors", g.tensors},
+                        {"elements", g.elements}, {"bytes", g.bytes}};
     if (!g.block.empty()) {
       e["block"] = g.block;
       e["scale_format"] = g.scale_format;
@@ -88,6 +89,8 @@ int run_info(const std::vector<std::string>& argv) {
     groups.push_back(e);
   }
   j["weights"] = groups;
+  // Checkpoint tensors the load did not use (not tracked under expert / tensor parallelism).
+  j["unused_tensors"] = i.unused_tensors;
   // The load: bytes placed on the device, wall time, and the rate (file reads, dtype conversion
   // and host->device copies together).
   // Every MOEX_* environment variable the library reads, with its value here: a measuring switch

@@ -8,6 +8,7 @@
 
 #include "cli/args.hpp"
 #include "cli/command.hpp"
+#include "cli/load_progress.hpp"
 #include "moex/error.hpp"
 #include "moex/model.hpp"
 #include "moex/safetensors.hpp"
@@ -50,6 +51,7 @@ int run_logits(const std::vector<std::string>& argv) {
   // Every rank (--ep-size) computes the same logits; the lead writes and prints them.
   run_ep_ranks(a, load_options(a), [&](LoadOptions& o, bool lead) {
     auto lm = from_pretrained(dir, o);
+    note_unused_tensors(lm->info(), lead ? stderr : nullptr);
     Tensor logits = lm->logits(ids, mask);
     if (!lead) return;
     save_safetensors(out, {{"logits", logits}});

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <string>
 
 namespace moex::cli {
 
@@ -34,6 +35,16 @@ void LoadProgress::clear() {
   std::fprintf(stderr, "\r\033[K");
   std::fflush(stderr);
   shown_ = false;
+}
+
+void note_unused_tensors(const ModelInfo& info, std::FILE* f) {
+  const auto& u = info.unused_tensors;
+  if (u.empty() || !f) return;
+  std::string list;
+  for (size_t i = 0; i < u.size() && i < 3; ++i) list += (i ? ", " : "") + u[i];
+  if (u.size() > 3) list += ", ...";
+  std::fprintf(f, "moex: note: %zu tensor%s of the checkpoint %s not used: %s (moex info lists them)\n", u.size(),
+               u.size() == 1 ? "" : "s", u.size() == 1 ? "was" : "were", list.c_str());
 }
 
 }  // namespace moex::cli

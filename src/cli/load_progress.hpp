@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 
 #include "moex/model.hpp"
 
@@ -25,5 +26,10 @@ class LoadProgress {
   std::chrono::steady_clock::time_point start_, last_;
   bool shown_ = false;
 };
+
+// After a load: one line on `f` naming the checkpoint tensors the model did not use (the first
+// few and the count; `moex info` lists them all), as transformers warns of unused weights.
+// Nothing when every tensor was used.
+void note_unused_tensors(const ModelInfo& info, std::FILE* f);
 
 }  // namespace moex::cli

@@ -139,6 +139,23 @@ std::vector<std::string> Checkpoint::names() const {
   return out;
 }
 
+std::vector<std::string> Checkpoint::unread() const {
+  std::lock_guard<std::mutex> g(read_mu_);
+  std::vector<std::string> out;
+  for (const auto& [name, shard] : where_) {
+    if (read_.count(name)) continue;
+    bool left = false;
+    for (const std::string& p : left_unread_) left |= name.rfind(p, 0) == 0;
+    if (!left) out.push_back(name);
+  }
+  return out;
+}
+
+void Checkpoint::leave_unread(const std::string& prefix) const {
+  std::lock_guard<std::mutex> g(read_mu_);
+  left_unread_.push_back(prefix);
+}
+
 Tensor Checkpoint::get(const std::string& name) const {
   const auto it = where_.find(name);
   if (it == where_.end()) throw InvalidInput("missing tensor '" + io::printable(name) + "' in " + dir_);
@@ -157,6 +174,10 @@ Tensor Checkpoint::get(const std::string& name, const Shape& expected, DType dty
     throw InvalidInput("tensor '" + name + "' in " + dir_ + " has shape " + shape_str(t.shape()) +
                        ", expected " + shape_str(expected));
   if (read_hook_) read_hook_(int64_t(t.nbytes()));
+  {
+    std::lock_guard<std::mutex> g(read_mu_);
+    read_.insert(name);
+  }
   if (t.dtype() == dtype) return t;
   // FP4 pairs travel as int8/uint8 bytes: same bytes, same (byte) shape, only the label changes.
   if (dtype == DType::kFP4x2 && (t.dtype() == DType::kI8 || t.dtype() == DType::kU8)) {

@@ -187,7 +187,7 @@ class DeepseekV3LM final : public DecoderLM {
                        .slice(0, h0 * (nope_ + v_dim_), (h0 + heads_) * (nope_ + v_dim_))
                        .contiguous()
                        .to(dev);
-        record_weights("attention", per_head);
+        record_weights("attention", per_head, /*second_form=*/true);
       }
       a.w_uk = {per_head, heads_, nope_ + v_dim_, 0, nope_};
       a.w_uv = {per_head, heads_, nope_ + v_dim_, nope_, v_dim_};

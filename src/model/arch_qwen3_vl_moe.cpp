@@ -20,6 +20,7 @@ std::unique_ptr<CausalLM> make_qwen3_vl_moe(const Checkpoint& ckpt, const LoadOp
   f.norm_topk_prob_default = true;
   f.norm_topk_prob_from_config = false;
   f.sparse_step = true;
+  ckpt.leave_unread("model.visual.");  // the vision tower: not an unused weight, a part not run
   return std::make_unique<SparseMoeLM>(ckpt, options, cfg["text_config"], f,
                                        std::vector<std::string>{"text_config", "vision_config"});
 }

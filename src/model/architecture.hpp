@@ -115,7 +115,9 @@ class DecoderLM : public CausalLM {
   // shared_experts, router, ...) as held in memory. The constructor records the embeddings and
   // the lm_head, finish_experts the routed experts; architectures record the rest.
   void record_weights(const std::string& group, const ops::LinearWeight& w);
-  void record_weights(const std::string& group, const Tensor& t);
+  // second_form: a copy of a weight already recorded, in another form (its bytes count, its
+  // values not again: WeightGroupInfo::elements).
+  void record_weights(const std::string& group, const Tensor& t, bool second_form = false);
   void record_experts(const std::string& group, const Experts& e);
   void record_weights(const std::string& group, std::initializer_list<const Linear*> ls) {
     for (const Linear* l : ls) record_weights(group, l->weight);

@@ -12,6 +12,7 @@
 #include "model/architecture.hpp"
 #include "model/kept_decode_graph.hpp"
 #include "moex/checkpoint.hpp"
+#include "moex/comm.hpp"
 #include "moex/env_switches.hpp"
 #include "moex/error.hpp"
 #include "moex/experts.hpp"
@@ -310,6 +311,8 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const LoadOpti
         o.progress(total, total);
       }
       m->info_.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const bool parallel = (o.ep_comm && o.ep_comm->size() > 1) || (o.tp_comm && o.tp_comm->size() > 1);
+      if (!parallel) m->info_.unused_tensors = ckpt->unread();
       return m;
     }
   std::string list;

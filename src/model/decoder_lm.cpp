@@ -355,13 +355,14 @@ void DecoderLM::record_group(WeightGroupInfo entry) {
         g.scale_format == entry.scale_format) {
       g.tensors += entry.tensors;
       g.bytes += entry.bytes;
+      g.elements += entry.elements;
       return;
     }
   info_.weight_groups.push_back(std::move(entry));
 }
 
 void DecoderLM::record_weights(const std::string& group, const ops::LinearWeight& w) {
-  WeightGroupInfo g{group, std::string(dtype_name(w.dtype)), "", "", 1, w.nbytes()};
+  WeightGroupInfo g{group, std::string(dtype_name(w.dtype)), "", "", 1, w.nbytes(), w.out * w.in};
   if (w.quantized()) {
     g.storage = quant_storage(w.quant);
     g.block = std::to_string(w.quant.block_n) + "x" + std::to_string(w.quant.block_k);
@@ -370,13 +371,16 @@ void DecoderLM::record_weights(const std::string& group, const ops::LinearWeight
   record_group(std::move(g));
 }
 
-void DecoderLM::record_weights(const std::string& group, const Tensor& t) {
-  record_group({group, std::string(dtype_name(t.dtype())), "", "", 1, int64_t(t.nbytes())});
+void DecoderLM::record_weights(const std::string& group, const Tensor& t, bool second_form) {
+  record_group({group, std::string(dtype_name(t.dtype())), "", "", 1, int64_t(t.nbytes()),
+                second_form ? 0 : t.numel()});
 }
 
 void DecoderLM::record_experts(const std::string& group, const Experts& e) {
   const QuantScheme& q = e.spec().quant;
-  WeightGroupInfo g{group, std::string(dtype_name(e.dtype())), "", "", 1, e.stored_weights().nbytes()};
+  const ExpertsSpec& s = e.spec();
+  WeightGroupInfo g{group, std::string(dtype_name(e.dtype())), "", "", 1, e.stored_weights().nbytes(),
+                    s.num_experts * (s.gate_up_rows() * s.hidden + s.hidden * s.intermediate)};
   if (q.quantized()) {
     g.storage = quant_storage(q);
     g.block = std::to_string(q.block_n) + "x" + std::to_string(q.block_k);
