@@ -323,7 +323,9 @@ TEST(CudaDeepGemmModels, Bf16FixturesMatchTransformers) {
     const std::string dir = std::string("hf-tiny/") + model + "/checkpoint_bf16";
     const Tensor d = load_on_gpu(dir, DType::kBF16, "deepgemm")->logits(ids).to(Device::cpu());
     const Tensor g = load_on_gpu(dir, DType::kBF16, "grouped_mm")->logits(ids).to(Device::cpu());
-    const double tol = 8.0 * std::ldexp(1.0, -8);
+    // 4 bf16 units: measured on an H100 (2026-12-07) at most 7.7e-3 to transformers (deepseek_v3),
+    // and 0 to grouped_mm (the same wgmma kernels).
+    const double tol = 4.0 * std::ldexp(1.0, -8);
     const double e_tf = rel_l2_error(d, ref->get("logits_bf16_eager")), e_g = rel_l2_error(d, g);
     std::printf("%s deepgemm bf16: rel L2 %.3g to transformers, %.3g to grouped_mm\n", model, e_tf, e_g);
     EXPECT_LE(e_tf, tol) << model;
@@ -349,7 +351,8 @@ TEST(CudaDeepGemmModels, Fp8CheckpointsOnTheQuantizedPath) {
     const double b_tf = rel_l2_error(b, dq->get("logits_fp32_fake_quant"));
     std::printf("%s bf16: deepgemm to batched_mm %.3g; to transformers' fake-quantized fp32: deepgemm %.3g, "
                 "batched_mm %.3g\n", fixture, e_b, e_tf, b_tf);
-    EXPECT_LE(e_b, 8.0 * std::ldexp(1.0, -8)) << fixture;
+    // 4 bf16 units: measured 4.4e-3 / 4.6e-3 (float / ue8m0 scales) on an H100 (2026-12-07).
+    EXPECT_LE(e_b, 4.0 * std::ldexp(1.0, -8)) << fixture;
   }
   try {
     (void)load_on_gpu("hf-tiny/deepseek_v3_fp4_experts_ue8m0/checkpoint", DType::kBF16, "deepgemm");

@@ -190,7 +190,10 @@ TEST(CudaSonicMoeModels, Bf16FixturesMatchTransformers) {
     const std::string dir = std::string("hf-tiny/") + model + "/checkpoint_bf16";
     const Tensor f = load_on_gpu(dir, DType::kBF16, "sonicmoe")->logits(ids).to(Device::cpu());
     const Tensor g = load_on_gpu(dir, DType::kBF16, "grouped_mm")->logits(ids).to(Device::cpu());
-    const double tol = 8.0 * std::ldexp(1.0, -8);
+    // 4 bf16 units: measured on an H100 (2026-12-07) at most 1.12e-2 to transformers and 1.08e-2 to
+    // grouped_mm (qwen2_moe; the others <= 7.7e-3 and 4.9e-3): y is rounded to bf16 per pair
+    // before the combine, where grouped_mm keeps it in fp32.
+    const double tol = 4.0 * std::ldexp(1.0, -8);
     const double e_tf = rel_l2_error(f, ref->get("logits_bf16_eager")), e_g = rel_l2_error(f, g);
     std::printf("%s sonicmoe bf16: rel L2 %.3g to transformers, %.3g to grouped_mm\n", model, e_tf, e_g);
     EXPECT_LE(e_tf, tol) << model;

@@ -54,7 +54,9 @@ TEST_P(CudaExperts, Bf16LogitsMatchTransformersAndTheCpuModel) {
     ASSERT_NE(gpu, nullptr);
     Tensor g = gpu->logits(ids);
     Tensor c = load(model, "checkpoint_bf16", DType::kBF16, Device::cpu(), backend)->logits(ids);
-    const double tol = 8.0 * std::ldexp(1.0, -8);
+    // 4 bf16 units: measured on an H100 (2026-12-07) at most 7.7e-3 to transformers (deepseek_v3)
+    // and 3.1e-3 to the CPU model, every backend (the kernels are deterministic).
+    const double tol = 4.0 * std::ldexp(1.0, -8);
     const double e_tf = test::rel_l2_error(g, ref->get("logits_bf16_eager")), e_cpu = test::rel_l2_error(g, c);
     std::printf("%s %s bf16: rel L2 %.3g to transformers, %.3g to the CPU model\n", model, backend.c_str(), e_tf,
                 e_cpu);

@@ -7,6 +7,11 @@
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a lab/cuda/decode_chain_lab.cu -o decode_chain_lab
 //   ./decode_chain_lab [REPLAYS]     (default 20)
 //
+// Measured on an H100 (2026-12-07, docs/gpu_model.md, docs/measurements/h100_2026-12-07_decode_chain_lab.log):
+// one kernel per step with PDL 84.9 us per layer (65.7 % of the floor), persistent kernels 96-124 us
+// at every residency, with or without the load ahead; on one-block steps alone a barrier costs no
+// less than a PDL boundary (3.6-4.1 us against 3.5). The library keeps one kernel per step.
+//
 // Why: the decode trace (docs/gpu_model.md) puts a layer at ~83 us on the H100 against ~56 us of
 // bytes, with almost no time between kernels; what is left is the ramp of each dependent kernel
 // (its blocks start, wait, stream, drain) along the layer's chain. A persistent layer keeps the
