@@ -140,8 +140,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelTensorParallel,
                                                                                            : "_with_all_to_all_ep");
                          });
 
-// bfloat16: each rank's partial output is rounded once more than on one process; the sums stay
-// within bf16 noise of the single process.
+// bfloat16: each rank's partial output (attention's o_proj, the dense and shared MLPs' down) is
+// rounded to bf16 before the sum, once more per layer than on one process. Measured 1.65e-2 here
+// (2026-12-07; about 4 bf16 units, where one process is 5.2e-3 from transformers): the bound is
+// that measurement with a little room, not a bf16 unit count.
 TEST(ModelTensorParallelBf16, WithinRoundingOfOneProcess) {
   const std::string dir = checkpoint("qwen2_moe");
   auto ref = SafetensorsFile::open(test::data_path("hf-tiny/qwen2_moe/reference.safetensors"));
@@ -154,7 +156,9 @@ TEST(ModelTensorParallelBf16, WithinRoundingOfOneProcess) {
   });
   test::expect_no_rank_errors(errors);
   if (::testing::Test::HasFailure()) return;
-  EXPECT_LE(test::rel_l2_error(got[0], one), 2e-2);
+  const double e = test::rel_l2_error(got[0], one);
+  std::printf("bf16 two-rank tensor parallel against one process: rel L2 %.3g\n", e);
+  EXPECT_LE(e, 2e-2);
   EXPECT_EQ(test::rel_l2_error(got[0], got[1]), 0.0) << "the ranks' sums must be the same bits";
 }
 
