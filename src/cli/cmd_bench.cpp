@@ -343,8 +343,8 @@ int run_bench_experts(const std::vector<std::string>& argv) {
                 sh.name, (long long)sh.E, (long long)sh.k, (long long)sh.H, (long long)sh.I,
                 dt_name.c_str(), dev.str().c_str(), kernel.c_str(), bw_gbs, peak_tflops,
                 dev.is_cuda() ? ("; L2 flush: " + cuda_l2_flush()).c_str() : "");
-  if (!json && !measuring_switches_set().empty())
-    std::printf("# measuring switches set: %s\n", measuring_switches_set().c_str());
+  const std::string switches = measuring_switches_set();  // carried by every row
+  if (!json && !switches.empty()) std::printf("# measuring switches set: %s\n", switches.c_str());
 
   ExpertsWeights w;
   if (quant.quantized()) {
@@ -492,7 +492,7 @@ int run_bench_experts(const std::vector<std::string>& argv) {
                          {"check_rel_err",
                           row_err ? nlohmann::json(*row_err) : nlohmann::json()}};
         if (dev.is_cuda()) j["l2_flush"] = cuda_l2_flush();
-        j["measuring_switches"] = measuring_switches_set();
+        j["measuring_switches"] = switches;
         std::printf("%s\n", j.dump().c_str());
       } else {
         char err_text[32] = "unchecked";

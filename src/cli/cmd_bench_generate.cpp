@@ -246,8 +246,8 @@ int run_bench_generate(const std::vector<std::string>& argv) {
       if (!timed.empty() && !timed.front().decode_switch_note.empty())
         std::printf(" (%s)", timed.front().decode_switch_note.c_str());
       std::printf("\n");
-      if (!measuring_switches_set().empty())
-        std::printf("# measuring switches set: %s\n", measuring_switches_set().c_str());
+      if (const std::string s = measuring_switches_set(); !s.empty())
+        std::printf("# measuring switches set: %s\n", s.c_str());
     }
     if (!json)
       std::printf("| batch | prompt | prefill tok/s | decode tok/s | ms/token | TTFT ms | decode floor ms | "

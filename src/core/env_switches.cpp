@@ -1,8 +1,6 @@
 // The table of MOEX_* environment variables (include/moex/env_switches.hpp) and the readers the
-// library's tiers call (core/env_switch_read.hpp). Each measuring switch's entry says where the
-// measurement behind its default is written up.
-#include <cerrno>
-#include <climits>
+// library's tiers call (core/env_switch_read.hpp). The measurements behind the measuring
+// switches' defaults are in docs/gpu_model.md, docs/cuda.md and docs/cpu.md.
 #include <cstdlib>
 #include <string>
 #include <vector>
