@@ -193,6 +193,17 @@ TEST(CheckpointBad, FolderAndConfig) {
   expect_invalid([&] { Checkpoint::open(d.str()); }, {d.str(), "missing config.json"});
   write_text(d.file("config.json"), R"({"model_type": "toy",})");
   expect_invalid([&] { Checkpoint::open(d.str()); }, {"config.json", "invalid JSON"});
+  // Where the input breaks, in the input's terms; not the JSON library's own exception tag.
+  write_text(d.file("config.json"), "{\"model_type\": \"toy\",\n \"hidden_size\": }");
+  try {
+    Checkpoint::open(d.str());
+    ADD_FAILURE() << "a broken config.json loaded";
+  } catch (const InvalidInput& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("config.json: invalid JSON: line 2, column 17: syntax error"), std::string::npos) << m;
+    EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
+    EXPECT_EQ(m.find("parse error at"), std::string::npos) << m;
+  }
   write_text(d.file("config.json"), R"(["toy"])");
   expect_invalid([&] { Checkpoint::open(d.str()); }, {"config.json", "must be a JSON object"});
   write_text(d.file("config.json"), R"({"model_type":"a","model_type":"b"})");

@@ -13,6 +13,18 @@
 
 namespace moex::io {
 
+std::string json_error_text(const nlohmann::json::exception& e) {
+  // nlohmann prefixes its own tag ("[json.exception.parse_error.101] parse error at line 1,
+  // column 6: ..."): the tag names the library, not the input, so the user sees what follows it.
+  std::string text = e.what();
+  if (text.rfind("[json.exception.", 0) == 0) {
+    const size_t end = text.find("] ");
+    if (end != std::string::npos) text.erase(0, end + 2);
+  }
+  if (text.rfind("parse error at ", 0) == 0) text.erase(0, 15);
+  return text;
+}
+
 nlohmann::json parse_json_strict(const char* data, size_t size, const std::string& label,
                                  int max_depth) {
   // One set of seen keys per open object; arrays push nothing because only objects have keys.
@@ -46,8 +58,7 @@ nlohmann::json parse_json_strict(const char* data, size_t size, const std::strin
     return nlohmann::json::parse(data, data + size, callback, /*allow_exceptions=*/true,
                                  /*ignore_comments=*/false);
   } catch (const nlohmann::json::exception& e) {
-    // nlohmann's message already carries the byte position ("syntax error while parsing ...").
-    throw InvalidInput(label + ": invalid JSON: " + e.what());
+    throw InvalidInput(label + ": invalid JSON: " + json_error_text(e));
   }
 }
 
