@@ -232,9 +232,11 @@ TEST_P(QuantKernelVariant, MatchesDoubleSums) {
   namespace k = moex::cpu::kernels;
   const std::string name = GetParam();
   const auto& f = moex::cpu::detect_cpu_features();
-  if ((name == "avx512" && !f.avx512) || (name == "avx512bf16" && !f.avx512bf16))
+  if ((name == "avx512" && !f.avx512) || (name == "avx512bf16" && !f.avx512bf16) ||
+      (name == "avx2" && !(f.avx2_fma && f.f16c)))
     GTEST_SKIP() << "this CPU has no " << name;
   const k::BlockScaledFn fn = name == "portable" ? k::gemm_block_scaled_portable
+                              : name == "avx2"   ? k::gemm_block_scaled_avx2
                               : name == "avx512" ? k::gemm_block_scaled_avx512
                                                  : k::gemm_block_scaled_avx512bf16;
   std::mt19937_64 rng(1001);
@@ -315,7 +317,7 @@ TEST_P(QuantKernelVariant, MatchesDoubleSums) {
 }
 
 INSTANTIATE_TEST_SUITE_P(QuantExpertsCpu, QuantKernelVariant,
-                         ::testing::Values("portable", "avx512", "avx512bf16"),
+                         ::testing::Values("portable", "avx2", "avx512", "avx512bf16"),
                          [](const auto& info) { return info.param; });
 
 // ---- boundary errors ----

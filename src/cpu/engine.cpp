@@ -25,7 +25,7 @@ CpuFeatures read_cpu_features() {
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   const int base_family = int((a >> 8) & 0xf);
   f.family = base_family == 0xf ? base_family + int((a >> 20) & 0xff) : base_family;
-  const bool fma = c & (1u << 12), osxsave = c & (1u << 27);
+  const bool fma = c & (1u << 12), osxsave = c & (1u << 27), f16c = c & (1u << 29);
   if (!osxsave) return f;
   const uint64_t xcr0 = xgetbv0();
   const bool os_avx = (xcr0 & 0x6) == 0x6;              // XMM + YMM state
@@ -40,6 +40,7 @@ CpuFeatures read_cpu_features() {
   __cpuid_count(7, 1, a, b, c, d);
   const bool avx512_bf16 = a & (1u << 5);
   f.avx2_fma = os_avx && avx2 && fma;
+  f.f16c = os_avx && f16c;
   f.avx512 = f.avx2_fma && os_avx512 && avx512f && avx512dq && avx512bw && avx512vl;
   f.avx512bf16 = f.avx512 && avx512_bf16;
   // AMX also needs the kernel to grant this process the large tile-data state.

@@ -50,6 +50,7 @@ inline KernelPath parse_kernel_path(std::string_view name) { return parse_cpu_ke
 // tile data). Each flag implies the ones before it.
 struct CpuFeatures {
   bool avx2_fma = false, avx512 = false, avx512bf16 = false, amx = false;
+  bool f16c = false;   // VCVTPH2PS (the AVX2 block-scaled kernels decode through fp16)
   bool intel = false;  // vendor "GenuineIntel" (a measured kernel choice differs by vendor)
   int family = 0;      // cpuid's display family (base + extended): AMD Zen 4 = 25, Zen 5 = 26
 };

@@ -18,6 +18,8 @@ kernels::BlockScaledFn block_scaled_kernel() {
                                                ? kernels::gemm_block_scaled_avx512bf16
                                            : detect_cpu_features().avx512
                                                ? kernels::gemm_block_scaled_avx512
+                                           : detect_cpu_features().avx2_fma && detect_cpu_features().f16c
+                                               ? kernels::gemm_block_scaled_avx2
                                                : kernels::gemm_block_scaled_portable;
   return fn;
 }

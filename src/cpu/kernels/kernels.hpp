@@ -131,6 +131,8 @@ struct BlockScaledArgs {
 using BlockScaledFn = void (*)(const BlockScaledArgs&);
 void gemm_block_scaled_portable(const BlockScaledArgs& a);
 void gemm_block_scaled_avx512(const BlockScaledArgs& a);  // needs avx512 f/bw/vl (+ f16c)
+// The same contract on AVX2 + FMA + F16C (gemm_block_scaled_avx2.cpp; its own summation order).
+void gemm_block_scaled_avx2(const BlockScaledArgs& a);
 // FP8 and FP4 through VDPBF16PS (needs avx512bf16; a.xb null: gemm_block_scaled_avx512).
 void gemm_block_scaled_avx512bf16(const BlockScaledArgs& a);
 // The bf16 activation layout of gemm_block_scaled_avx512bf16: n (a multiple of 64) e4m3 values
