@@ -224,7 +224,8 @@ TEST(QuantExpertsCpu, ReferenceMatchesHandComputedValue) {
 // features pick; a variant this CPU lacks is reported as skipped): every output of a ragged row
 // range, for rows read through an index list, against the same sums in double; FP8 K = 200 and
 // 160 end in the second and the first half of a 128 block, FP4 K = 96 inside one (three
-// 32-blocks). Codes are uniform over all but NaN, so about one in sixteen is an e4m3 subnormal
+// 32-blocks); FP4 K = 80 ends inside a 32 block, which only the kernels that also serve dense
+// linears take (the experts' K is a multiple of 32). Codes are uniform over all but NaN, so about one in sixteen is an e4m3 subnormal
 // (which the bf16 kernel adds outside VDPBF16PS).
 class QuantKernelVariant : public ::testing::TestWithParam<std::string> {};
 
@@ -241,9 +242,10 @@ TEST_P(QuantKernelVariant, MatchesDoubleSums) {
                                                  : k::gemm_block_scaled_avx512bf16;
   std::mt19937_64 rng(1001);
   const auto no_nan = [](uint64_t r) { return uint8_t((r & 0x7f) == 0x7f ? r & 0xfe : r); };
-  for (const auto& [is_fp4, K] : {std::pair<bool, int64_t>{false, 200}, {false, 160}, {true, 96}}) {
+  for (const auto& [is_fp4, K] : {std::pair<bool, int64_t>{false, 200}, {false, 160}, {true, 96}, {true, 80}}) {
+    if (K % 32 && name != "avx2" && name != "avx512bf16") continue;
     const int64_t N = 37, M = 11, nb = (K + 127) / 128;
-    const int64_t row_bytes = is_fp4 ? K / 2 : K, scols = is_fp4 ? K / 32 : nb;
+    const int64_t row_bytes = is_fp4 ? K / 2 : K, scols = is_fp4 ? (K + 31) / 32 : nb;
     const int64_t srows = is_fp4 ? N : (N + 127) / 128;
     std::vector<uint8_t> w(static_cast<size_t>(N * row_bytes)), scale(static_cast<size_t>(srows * scols));
     for (auto& b : w) b = is_fp4 ? uint8_t(rng()) : no_nan(rng());

@@ -1,8 +1,9 @@
 // Quantized dense linears on the host (ops::linear over a quantized LinearWeight,
 // src/cpu/quant_linear.hpp) against a float64 computation of include/moex/quant.hpp's math:
 // FP8 weights with float32 and UE8M0 block scales, FP4 weights with UE8M0 1x32 scales, on ugly
-// shapes (N, K not multiples of 128, rows 1, 7, 64), with and without bias; the AVX-512 and the
-// portable path against each other; the bytes a quantized weight holds.
+// shapes (N, K not multiples of 128, rows 1, 7, 64), with and without bias; the path this CPU
+// picks (AVX-512, AVX2 or portable) and the portable one, each against the reference; the bytes a
+// quantized weight holds.
 #include <gtest/gtest.h>
 
 #include <cmath>

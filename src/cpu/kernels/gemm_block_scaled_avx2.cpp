@@ -160,7 +160,9 @@ void fp8_rows(const BlockScaledArgs& a, int64_t n, int m0) {
     for (int i = 0; i < P; ++i) a.y[(m0 + i) * a.ldy + n + r] = hsum(total[r][i]);
 }
 
-// FP4: K is a multiple of 32 (the format), so every 32 block is whole; scales are UE8M0 bytes.
+// FP4: scales are UE8M0 bytes, one per 32 block. The experts' K is a multiple of 32; a dense
+// linear's may end inside a 32 block, whose bytes are then copied (nothing past the row is read;
+// the missing codes decode as zero, against the activation rows' zeros).
 template <int NR, int P>
 void fp4_rows(const BlockScaledArgs& a, int64_t n, int m0) {
   const uint8_t* row[NR];
@@ -180,12 +182,20 @@ void fp4_rows(const BlockScaledArgs& a, int64_t n, int m0) {
   for (auto& tr : total)
     for (auto& t : tr) t = _mm256_setzero_ps();
   const __m128i nib = _mm_set1_epi8(0x0f);
-  for (int64_t s = 0; s < a.k / 32; ++s) {
+  for (int64_t s = 0; 32 * s < a.k; ++s) {
     const int64_t col = 32 * s, kb = col / kBlock;
+    const int64_t bytes = std::min<int64_t>(16, (a.k - col) / 2);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
       if (s % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(row[r] + col / 2) + kAhead, _MM_HINT_T0);
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[r] + col / 2));
+      __m128i b;
+      if (bytes == 16) {
+        b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[r] + col / 2));
+      } else {
+        alignas(16) uint8_t t[16] = {};
+        std::memcpy(t, row[r] + col / 2, size_t(bytes));
+        b = _mm_load_si128(reinterpret_cast<const __m128i*>(t));
+      }
       __m256 lo, hi;
       __m256 p[P];
       fp4x16(_mm_and_si128(b, nib), lo, hi);  // the evens
