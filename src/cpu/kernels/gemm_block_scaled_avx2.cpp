@@ -63,8 +63,8 @@ inline __m256 fp8x8(const uint8_t* p) {
 // 16 nibble indices (bytes 0..15) -> two vectors of 8 floats, the e2m1 values: e2m1 values are
 // fp16 numbers whose low byte is zero, so PSHUFB looks the high byte up in a 16-byte table and an
 // unpack with zero makes the fp16 words. (VPERMPS from an 8-float table with the sign moved on by
-// integer ops, or PSHUFB to e4m3 codes and fp8x8's integer route, ran slower on Zen 3: 4.4-5.1
-// against 5.7-6.9 GB/s of FP4 bytes per core from L2.)
+// integer ops, or PSHUFB to e4m3 codes and fp8x8's integer route, ran slower on Zen 3: 4.7-5.2
+// against 6.4-6.9 GB/s of FP4 bytes per core from L2; lab/cpu/avx2_decode_lab.cpp.)
 inline void fp4x16(__m128i idx, __m256& lo, __m256& hi) {
   const __m128i table = _mm_setr_epi8(0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46, char(0x80),
                                       char(0xB8), char(0xBC), char(0xBE), char(0xC0), char(0xC2),
