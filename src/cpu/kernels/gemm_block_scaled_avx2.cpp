@@ -87,6 +87,34 @@ inline float ue8m0(uint8_t e) {  // 2^(e-127); code 0 is the float32 subnormal 2
   return f;
 }
 
+// The P activation rows of a pass from call row m0: values and block scales.
+template <int P>
+struct Rows {
+  const float* x[P];
+  const float* xs[P];
+  Rows(const BlockScaledArgs& a, int m0) {
+    for (int i = 0; i < P; ++i) {
+      const int64_t ar = act_row(a, m0 + i);
+      x[i] = a.xq + ar * a.x_ld;
+      xs[i] = a.xs + ar * a.nb;
+    }
+  }
+};
+
+// The 8-lane totals of NR weight rows x P activation rows, stored as their horizontal sums.
+template <int NR, int P>
+struct Totals {
+  __m256 v[NR][P];
+  Totals() {
+    for (auto& r : v)
+      for (auto& t : r) t = _mm256_setzero_ps();
+  }
+  void store(const BlockScaledArgs& a, int64_t n, int m0) const {
+    for (int r = 0; r < NR; ++r)
+      for (int i = 0; i < P; ++i) a.y[(m0 + i) * a.ldy + n + r] = hsum(v[r][i]);
+  }
+};
+
 // One 128-wide block of NR weight rows (codes at w[r], 128 bytes each) against P activation rows
 // (x[i], 128 floats each), into the two chains per pair: 8-code chunks alternate between them.
 template <int NR, int P>
@@ -112,16 +140,10 @@ void fp8_rows(const BlockScaledArgs& a, int64_t n, int m0) {
   const uint8_t* row[NR];
   int64_t srow[NR];
   for (int r = 0; r < NR; ++r) row[r] = a.w + (n + r) * a.row_bytes, srow[r] = scale_row(a, n + r);
-  const float* x[P];
-  const float* xs[P];
-  for (int i = 0; i < P; ++i) {
-    const int64_t ar = act_row(a, m0 + i);
-    x[i] = a.xq + ar * a.x_ld;
-    xs[i] = a.xs + ar * a.nb;
-  }
-  __m256 total[NR][P];
-  for (auto& tr : total)
-    for (auto& t : tr) t = _mm256_setzero_ps();
+  const Rows<P> act(a, m0);
+  const float* const(&x)[P] = act.x;
+  const float* const(&xs)[P] = act.xs;
+  Totals<NR, P> total;
   const __m256 up = _mm256_set1_ps(0x1p120f);  // exact: the codes' 2^-120 back, no overflow
   for (int64_t kb = 0; kb < a.nb; ++kb) {
     __m256 c0[NR][P], c1[NR][P];
@@ -152,12 +174,11 @@ void fp8_rows(const BlockScaledArgs& a, int64_t n, int m0) {
       const float f = quant::scale_value(a.scale, a.scale_dtype, srow[r] + kb);
 #pragma GCC unroll 4
       for (int i = 0; i < P; ++i)
-        total[r][i] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_add_ps(c0[r][i], c1[r][i]), up),
-                                      _mm256_set1_ps(xs[i][kb] * f), total[r][i]);
+        total.v[r][i] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_add_ps(c0[r][i], c1[r][i]), up),
+                                      _mm256_set1_ps(xs[i][kb] * f), total.v[r][i]);
     }
   }
-  for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < P; ++i) a.y[(m0 + i) * a.ldy + n + r] = hsum(total[r][i]);
+  total.store(a, n, m0);
 }
 
 // FP4: scales are UE8M0 bytes, one per 32 block. The experts' K is a multiple of 32; a dense
@@ -171,16 +192,10 @@ void fp4_rows(const BlockScaledArgs& a, int64_t n, int m0) {
     row[r] = a.w + (n + r) * a.row_bytes;
     sc[r] = static_cast<const uint8_t*>(a.scale) + scale_row(a, n + r);
   }
-  const float* x[P];
-  const float* xs[P];
-  for (int i = 0; i < P; ++i) {
-    const int64_t ar = act_row(a, m0 + i);
-    x[i] = a.xq + ar * a.x_ld;
-    xs[i] = a.xs + ar * a.nb;
-  }
-  __m256 total[NR][P];
-  for (auto& tr : total)
-    for (auto& t : tr) t = _mm256_setzero_ps();
+  const Rows<P> act(a, m0);
+  const float* const(&x)[P] = act.x;
+  const float* const(&xs)[P] = act.xs;
+  Totals<NR, P> total;
   const __m128i nib = _mm_set1_epi8(0x0f);
   for (int64_t s = 0; 32 * s < a.k; ++s) {
     const int64_t col = 32 * s, kb = col / kBlock;
@@ -208,12 +223,11 @@ void fp4_rows(const BlockScaledArgs& a, int64_t n, int m0) {
       for (int i = 0; i < P; ++i) {
         p[i] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x[i] + col + 16), p[i]);
         p[i] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x[i] + col + 24), p[i]);
-        total[r][i] = _mm256_fmadd_ps(p[i], _mm256_set1_ps(xs[i][kb] * f), total[r][i]);
+        total.v[r][i] = _mm256_fmadd_ps(p[i], _mm256_set1_ps(xs[i][kb] * f), total.v[r][i]);
       }
     }
   }
-  for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < P; ++i) a.y[(m0 + i) * a.ldy + n + r] = hsum(total[r][i]);
+  total.store(a, n, m0);
 }
 
 template <bool kFp4, int NR, int P>
