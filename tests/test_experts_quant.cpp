@@ -23,6 +23,7 @@
 #include <fstream>
 #include <string>
 #include <unistd.h>
+#include <xmmintrin.h>
 
 #include "cpu/engine.hpp"
 #include "cpu/kernels/kernels.hpp"
@@ -321,6 +322,44 @@ TEST_P(QuantKernelVariant, MatchesDoubleSums) {
 INSTANTIATE_TEST_SUITE_P(QuantExpertsCpu, QuantKernelVariant,
                          ::testing::Values("portable", "avx2", "avx512", "avx512bf16"),
                          [](const auto& info) { return info.param; });
+
+// The AVX2 kernel decodes e4m3 subnormals to float subnormals: a caller that flushes denormals
+// (MXCSR FTZ | DAZ, as torch.set_flush_denormal(True) does) must get the same bits as one that
+// does not, and its mode back. Every weight code here is a subnormal (exponent 0).
+TEST(QuantExpertsCpu, Avx2KernelKeepsSubnormalCodesUnderFlushToZero) {
+  namespace k = moex::cpu::kernels;
+  const auto& f = moex::cpu::detect_cpu_features();
+  if (!(f.avx2_fma && f.f16c)) GTEST_SKIP() << "this CPU has no avx2";
+  const int64_t N = 5, K = 256, nb = 2;
+  std::vector<uint8_t> w(static_cast<size_t>(N * K));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = uint8_t((i % 7 + 1) | (i % 3 ? 0 : 0x80));
+  const std::vector<float> scale = {0.5f, 0.25f};  // float scales, one 128 x 128 block row
+  std::vector<float> xq(static_cast<size_t>(K)), xs = {1.f, 2.f};
+  for (int64_t c = 0; c < K; ++c) xq[size_t(c)] = f8e4m3_to_float(uint8_t(c % 5 + 1));  // subnormal too
+  k::BlockScaledArgs a;
+  a.w = w.data(), a.row_bytes = K, a.k = K, a.scale = scale.data(), a.scale_dtype = DType::kF32;
+  a.scale_cols = nb, a.fused_rows = N, a.bn = 128, a.xq = xq.data(), a.xs = xs.data(), a.x_ld = K;
+  a.nb = nb, a.m = 1, a.n0 = 0, a.n1 = N, a.ldy = N;
+  std::vector<float> ieee(static_cast<size_t>(N)), flushed(static_cast<size_t>(N));
+  a.y = ieee.data();
+  k::gemm_block_scaled_avx2(a);
+  const unsigned caller = _mm_getcsr();
+  _mm_setcsr(caller | 0x8040u);
+  a.y = flushed.data();
+  k::gemm_block_scaled_avx2(a);
+  const unsigned after = _mm_getcsr();
+  _mm_setcsr(caller);
+  EXPECT_EQ(after, caller | 0x8040u) << "the caller's MXCSR was not restored";
+  EXPECT_EQ(std::memcmp(ieee.data(), flushed.data(), sizeof(float) * ieee.size()), 0);
+  for (int64_t n = 0; n < N; ++n) {
+    double want = 0;
+    for (int64_t c = 0; c < K; ++c)
+      want += double(f8e4m3_to_float(w[size_t(n * K + c)])) * xq[size_t(c)] * xs[size_t(c / 128)] *
+              scale[size_t(c / 128)];
+    EXPECT_NE(want, 0.0);
+    EXPECT_NEAR(ieee[size_t(n)], want, 1e-6 * std::fabs(want)) << "row " << n;
+  }
+}
 
 // ---- boundary errors ----
 

@@ -8,8 +8,9 @@
 //        subnormals included (fp8x8). The block's sums get the 2^120 back (exact) before its scales.
 //        Products of two small values can be float subnormals: exact enough for the float32 sums
 //        (an absolute error of 2^-150 in those units), and rare (both factors under ~1/8 of a
-//        block's largest of 448). A process running with denormals flushed to zero (FTZ / DAZ)
-//        would drop the e4m3 subnormal codes' products.
+//        block's largest of 448). A caller running with denormals flushed to zero (MXCSR's FTZ /
+//        DAZ, as torch.set_flush_denormal(True) sets) would drop the e4m3 subnormal codes, so the
+//        kernel runs with both off and puts the caller's mode back (IeeeDenormals).
 //   FP4: PSHUFB looks the fp16 high byte of each nibble up, VCVTPH2PS makes floats (fp4x16). Low
 //        nibbles are the even columns of a 32 block, high ones the odd columns (the float kernels'
 //        activation order, evens then odds).
@@ -259,7 +260,19 @@ void block_scaled(const BlockScaledArgs& a) {
 
 }  // namespace
 
+namespace {
+// Gradual underflow for the call (MXCSR bit 15 FTZ, bit 6 DAZ cleared), the caller's mode after.
+struct IeeeDenormals {
+  unsigned saved = _mm_getcsr();
+  IeeeDenormals() { _mm_setcsr(saved & ~0x8040u); }
+  ~IeeeDenormals() { _mm_setcsr(saved); }
+  IeeeDenormals(const IeeeDenormals&) = delete;
+  IeeeDenormals& operator=(const IeeeDenormals&) = delete;
+};
+}  // namespace
+
 void gemm_block_scaled_avx2(const BlockScaledArgs& a) {
+  const IeeeDenormals ieee;
   if (a.fp4) block_scaled<true>(a);
   else block_scaled<false>(a);
 }
