@@ -21,8 +21,9 @@
 //   FP4: per 32 block, one 8-lane chain (evens, then odds) times (activation scale x the 32
 //        block's UE8M0 scale) added into the total;
 //   then one horizontal sum in a fixed order.
-// Loops: one activation row (decode) takes two weight rows at a time (four independent chains);
-// more rows take passes of up to four activation rows sharing each decoded chunk.
+// Loops: one activation row (decode) takes four weight rows at a time (eight independent chains;
+// with two, 13.7 against 15.7 GB/s per core from L2); more rows take passes of up to four
+// activation rows sharing each decoded chunk.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -41,7 +42,8 @@ namespace {
 constexpr int64_t kBlock = quant::kActBlock;  // 128
 // Bytes ahead of the decode that each weight row's stream is prefetched (one line per 64 bytes
 // decoded). lab/cpu's block_scaled_kernel_lab found 4 KB right for the AVX-512 bf16 kernel
-// (512 B left one stream latency-bound); measured here too (docs/cpu.md).
+// (512 B left one stream latency-bound); for this one 0 / 1 / 4 / 8 KB were level on Zen 3, where
+// the decode, not memory, bounds it (docs/cpu.md).
 constexpr int64_t kAhead = 4096;
 
 inline int64_t scale_row(const BlockScaledArgs& a, int64_t n) {
@@ -239,7 +241,7 @@ void rows(const BlockScaledArgs& a, int64_t n, int m0) {
 
 template <bool kFp4>
 void block_scaled(const BlockScaledArgs& a) {
-  if (a.m == 1) {  // decode: two weight rows per step for independent chains
+  if (a.m == 1) {  // decode: four weight rows per step for independent chains
     int64_t n = a.n0;
     for (; n + 4 <= a.n1; n += 4) rows<kFp4, 4, 1>(a, n, 0);
     for (; n + 2 <= a.n1; n += 2) rows<kFp4, 2, 1>(a, n, 0);
