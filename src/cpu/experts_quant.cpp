@@ -10,7 +10,6 @@
 #include "moex/quant.hpp"
 
 namespace moex::cpu {
-namespace {
 
 // Chosen once per process from the CPU's features (engine.cpp reads them the same way).
 kernels::BlockScaledFn block_scaled_kernel() {
@@ -23,6 +22,8 @@ kernels::BlockScaledFn block_scaled_kernel() {
                                                : kernels::gemm_block_scaled_portable;
   return fn;
 }
+
+namespace {
 
 // Whether the kernel reads bf16 activation rows (QuantRows::b).
 bool kernel_reads_bf16() { return block_scaled_kernel() == kernels::gemm_block_scaled_avx512bf16; }

@@ -14,6 +14,10 @@
 
 namespace moex::cpu {
 
+// The block-scaled kernel this CPU runs (AVX512-BF16 > AVX-512 > AVX2 + F16C > portable), chosen
+// once per process; QuantRows' layout and the dense linears' path follow the same choice.
+kernels::BlockScaledFn block_scaled_kernel();
+
 // Rows quantized per moex/quant.hpp, in the layout the block-scaled kernel reads.
 struct QuantRows {
   int64_t k = 0, ld = 0, nb = 0;

@@ -249,13 +249,12 @@ const QuantKernels& portable_kernels() {
 
 Tensor quant_linear(const Tensor& x, const Tensor& codes, const Tensor& scale, const QuantScheme& quant,
                     int64_t out, int64_t in, const Tensor& bias, DType act) {
-  const CpuFeatures& f = detect_cpu_features();
-  if (f.avx512bf16)
-    return run_block_scaled(x.contiguous(), codes, scale, quant, out, in, bias, act,
-                            kernels::gemm_block_scaled_avx512bf16);
-  if (!f.avx512 && f.avx2_fma && f.f16c)
-    return run_block_scaled(x.contiguous(), codes, scale, quant, out, in, bias, act, kernels::gemm_block_scaled_avx2);
-  static const QuantKernels& k = f.avx512 ? avx512_kernels() : portable_kernels();
+  // The experts' kernel choice (QuantRows' layout follows it too); with the float AVX-512 kernel
+  // or none, the loop below.
+  const kernels::BlockScaledFn fn = block_scaled_kernel();
+  if (fn == kernels::gemm_block_scaled_avx512bf16 || fn == kernels::gemm_block_scaled_avx2)
+    return run_block_scaled(x.contiguous(), codes, scale, quant, out, in, bias, act, fn);
+  static const QuantKernels& k = detect_cpu_features().avx512 ? avx512_kernels() : portable_kernels();
   return run(x.contiguous(), codes, scale, quant, out, in, bias, act, k);
 }
 
