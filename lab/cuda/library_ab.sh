@@ -7,11 +7,14 @@
 # then, when MODEL is set, `moex bench generate` on its random-weight checkpoint.
 # Run on a Hopper machine from the repo root:
 #   BUILD=build-gpu BASE=build-base [MODEL=qwen1.5-moe-a2.7b LAYERS=24] bash lab/cuda/library_ab.sh
-# TOKENS (default 4096,8192) the experts rows; CASES (default 1x128) the generate cases.
+# TOKENS (default 4096,8192) the experts rows, BACKENDS (default grouped_mm) their backends, GRAPH
+# (default off) their graph setting; CASES (default 1x128) the generate cases.
 . lab/cuda/device_env.sh
 ORDER=${ORDER:-"new base new base"}
 TESTS=${TESTS:-"test_cuda_quant test_cuda_backends"}
 TOKENS=${TOKENS:-4096,8192}
+BACKENDS=${BACKENDS:-grouped_mm}
+GRAPH=${GRAPH:-off}
 CASES=${CASES:-1x128}
 EXPERTS=${EXPERTS:-"--shape deepseek-v3 | --dtype fp8
 --shape deepseek-v3 | --dtype bfloat16"}
@@ -28,10 +31,10 @@ while IFS='|' read -r shape dtype; do
     i=$((i + 1)); f="$L/experts_${i}_$who.log"
     # shellcheck disable=SC2086  # the flags are words
     LD_LIBRARY_PATH=$(lib_of "$who"):$LD_LIBRARY_PATH timeout 300 "$BUILD/moex" bench experts \
-      --device cuda $shape $dtype --tokens "$TOKENS" --backends grouped_mm --graph off \
+      --device cuda $shape $dtype --tokens "$TOKENS" --backends "$BACKENDS" --graph "$GRAPH" \
       --budget-s 0.2 --no-check > "$f" 2>&1 || status=1
     echo "== $(date -u +%T) $who experts $shape $dtype" >> "$S"
-    grep -E '^(grouped_mm|# shape)' "$f" >> "$S"
+    grep -E "^(${BACKENDS//,/|}|# shape)" "$f" >> "$S"
   done
 done <<< "$EXPERTS"
 if [ -n "${MODEL:-}" ]; then

@@ -13,9 +13,12 @@
 
 namespace moex::io {
 
+namespace {
+
+// nlohmann's message without its "[json.exception.<kind>.<id>] " tag and "parse error at " lead:
+// "line 1, column 6: syntax error while parsing value - ...". The tag names the library, not the
+// input, so the user sees what follows it.
 std::string json_error_text(const nlohmann::json::exception& e) {
-  // nlohmann prefixes its own tag ("[json.exception.parse_error.101] parse error at line 1,
-  // column 6: ..."): the tag names the library, not the input, so the user sees what follows it.
   std::string text = e.what();
   if (text.rfind("[json.exception.", 0) == 0) {
     const size_t end = text.find("] ");
@@ -24,6 +27,8 @@ std::string json_error_text(const nlohmann::json::exception& e) {
   if (text.rfind("parse error at ", 0) == 0) text.erase(0, 15);
   return text;
 }
+
+}  // namespace
 
 nlohmann::json parse_json_strict(const char* data, size_t size, const std::string& label,
                                  int max_depth) {

@@ -19,10 +19,6 @@ namespace moex::io {
 nlohmann::json parse_json_strict(const char* data, size_t size, const std::string& label,
                                  int max_depth = 64);
 
-// nlohmann's message without its "[json.exception.<kind>.<id>] " tag and "parse error at " lead:
-// "line 1, column 6: syntax error while parsing value - ...".
-std::string json_error_text(const nlohmann::json::exception& e);
-
 // Reads a whole (small) file and parses it as above. Throws InvalidInput when the file cannot be
 // read, naming the path and the reason.
 nlohmann::json read_json_file(const std::string& path, int max_depth = 64);
