@@ -239,10 +239,30 @@ TEST_F(Cli, LaunchStartsRanksAndStopsThemWhenOneFails) {
     EXPECT_EQ(r.exit_code, 1) << r.err;
     EXPECT_NE(r.err.find("rank 0 of 2 failed (signal"), std::string::npos) << r.err;
   }
-  // Model commands on launched CPU ranks: every rank refuses, the launcher reports exit code 2.
-  Result r = run("launch --nproc 2 -- generate --model " + model("mixtral") + " --prompt-ids 1,2,3");
+  // Model commands on launched CPU ranks: every rank refuses, the launcher reports exit code 2 and
+  // prints the ranks' one error line once, naming them.
+  Result r = run("launch --nproc 3 -- generate --model " + model("mixtral") + " --prompt-ids 1,2,3");
   EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_NE(r.err.find("launched ranks run on GPUs"), std::string::npos) << r.err;
+  const auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = r.err.find(what); at != std::string::npos; at = r.err.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("launched ranks run on GPUs"), 1u) << r.err;
+  EXPECT_NE(r.err.find("ranks 0-2: moex generate: error: "), std::string::npos) << r.err;
+  // Errors that differ keep a line each: rank 1 names an unknown command, ranks 0 and 2 an option.
+  {
+    struct ProgramEnv {
+      ProgramEnv(const std::string& moex) { setenv("MOEX_LAUNCH_PROGRAM", "/bin/sh", 1), setenv("LAUNCHED_MOEX", moex.c_str(), 1); }
+      ~ProgramEnv() { unsetenv("MOEX_LAUNCH_PROGRAM"), unsetenv("LAUNCHED_MOEX"); }
+    } env(MOEX_CLI_PATH);
+    r = run("launch --nproc 3 -- -c 'if [ \"$RANK\" = 1 ]; then exec \"$LAUNCHED_MOEX\" frobnicate; "
+            "else exec \"$LAUNCHED_MOEX\" --frobnicate; fi'");
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_EQ(count("unknown"), 2u) << r.err;
+    EXPECT_NE(r.err.find("ranks 0, 2: moex: error: unknown option '--frobnicate'"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("rank 1: moex: error: unknown command 'frobnicate'"), std::string::npos) << r.err;
+  }
   expect_clean_error("launch --nproc 2", "missing the command to launch");
   expect_clean_error("launch --nproc 0 -- generate", "--nproc must be between 1 and 1024");
   expect_clean_error("launch --nproc 2 -- launch --nproc 2 -- generate", "cannot launch itself");

@@ -5,7 +5,8 @@
 // cuda:LOCAL_RANK. The launcher owns the group's fate: when a rank fails (non-zero exit, a
 // signal), the others get --grace seconds to finish or report, then are terminated, so a rank
 // that died never leaves its peers waiting in a collective; the launcher exits with the failed
-// rank's code (1 after a signal) and names it.
+// rank's code (1 after a signal) and names it. The ranks' fatal error lines come to the launcher
+// (launch_errors.hpp), which prints each distinct one once after every rank has ended.
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -22,6 +23,7 @@
 
 #include "cli/args.hpp"
 #include "cli/command.hpp"
+#include "cli/launch_errors.hpp"
 #include "moex/error.hpp"
 
 namespace moex::cli {
@@ -148,6 +150,7 @@ int run_launch(const std::vector<std::string>& argv_in) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  for (const std::string& line : collect_rank_errors(dir, n)) std::fprintf(stderr, "%s\n", line.c_str());
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   if (first_failed < 0) return 0;

@@ -13,6 +13,7 @@
 
 #include "cli/args.hpp"
 #include "cli/command.hpp"
+#include "cli/launch_errors.hpp"
 #include "moex/env_switches.hpp"
 #include "moex/error.hpp"
 
@@ -24,6 +25,12 @@ static std::vector<Command>& table() {
 }
 void register_command(Command c) { table().push_back(std::move(c)); }
 const std::vector<Command>& commands() { return table(); }
+
+// One error line on stderr, or, in a rank of `moex launch`, handed to the launcher, which prints
+// each distinct line once for all its ranks (launch_errors.hpp).
+static void report_error(const std::string& line) {
+  if (!hand_error_to_launcher(line)) std::fputs(line.c_str(), stderr);
+}
 
 static int print_version() {
   std::printf("moex %s\n", MOEX_VERSION);
@@ -80,7 +87,7 @@ int main(int argc, char** argv) {
       first += 2;
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "moex: error: %s\n", e.what());
+    moex::cli::report_error(std::string("moex: error: ") + e.what() + "\n");
     return 2;
   }
   if (argc <= first || std::string(argv[first]) == "--help" || std::string(argv[first]) == "-h") {
@@ -98,17 +105,16 @@ int main(int argc, char** argv) {
       std::fputs(help.what(), stdout);
       return 0;
     } catch (const std::bad_alloc&) {
-      std::fprintf(stderr,
-                   "moex %s: error: out of host memory (std::bad_alloc): the model, the batch, the "
-                   "prompt or --max-new-tokens need more memory than this machine can give\n",
-                   name.c_str());
+      moex::cli::report_error("moex " + name +
+                              ": error: out of host memory (std::bad_alloc): the model, the batch, the "
+                              "prompt or --max-new-tokens need more memory than this machine can give\n");
       return 2;
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "moex %s: error: %s\n", name.c_str(), e.what());
+      moex::cli::report_error("moex " + name + ": error: " + e.what() + "\n");
       return 2;
     }
   }
-  std::fprintf(stderr, "moex: error: unknown %s '%s'; see moex --help\n",
-               name.rfind("-", 0) == 0 ? "option" : "command", name.c_str());
+  moex::cli::report_error("moex: error: unknown " + std::string(name.rfind("-", 0) == 0 ? "option" : "command") +
+                          " '" + name + "'; see moex --help\n");
   return 2;
 }
