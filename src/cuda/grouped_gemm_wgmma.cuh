@@ -407,10 +407,16 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
 
   // Three warpgroups share 168 registers a thread: the producer keeps 40, the consumers get 232
   // (40 * 128 + 232 * 256 = 168 * 384), as CUTLASS's warp-specialised kernels do. Without it the
-  // gated kernels spilled (ptxas: 12-156 bytes).
+  // gated kernels spilled (ptxas: 12-156 bytes). The gathering producer (128 threads, each
+  // holding its rows' tokens and forming eight addresses per stage) keeps 56 and its consumers
+  // 224 (56 * 128 + 224 * 256 <= 168 * 384): at 40 it spilled three values to local memory and
+  // reloaded them every k step (ncu's source page: LDL / STL in the copy loop, each waiting on
+  // the L1TEX scoreboard), which delayed the ring's fill. H100, Mixtral-8x7B, T = 1024 / 4096 /
+  // 16384: sonicmoe 1.52 / 4.65 / 18.00 -> 1.43 / 4.52 / 17.75 ms (two runs each, alternated).
   constexpr bool kRealloc = kConsumers == 2;
+  constexpr int kProducerRegs = kGatherA ? 56 : 40, kConsumerRegs = kGatherA ? 224 : 232;
   if (wg == 0) {
-    if constexpr (kRealloc) sm90::setmaxnreg_dec<40>();
+    if constexpr (kRealloc) sm90::setmaxnreg_dec<kProducerRegs>();
     // ---- producer: runs up to STAGES k steps ahead, across items (it fills the ring for the
     // next item while the consumers run the epilogue of this one) ----
     if constexpr (kGatherA) {
@@ -514,7 +520,7 @@ __global__ void __launch_bounds__(wgmma_threads(kConsumers), 1)
       }
     }
   } else {
-    if constexpr (kRealloc) sm90::setmaxnreg_inc<232>();
+    if constexpr (kRealloc) sm90::setmaxnreg_inc<kConsumerRegs>();
     // ---- consumers ----
     // Ping-pong: warpgroup c takes the CTA's items n = c, c + 2, ... (n counts this CTA's
     // items; none is skipped, so both warpgroups and the producer agree on the ring index of
