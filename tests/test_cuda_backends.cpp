@@ -413,6 +413,23 @@ TEST(CudaRuntime, AllocatorReusesBlocks) {
   EXPECT_EQ(moex::cuda::allocator_stats().cuda_mallocs, before);
 }
 
+// A tensor larger than the GPU: one DeviceError with the sizes a user can act on, and the
+// allocator still works after it.
+TEST(CudaRuntime, OutOfMemoryNamesTheSizes) {
+  SKIP_WITHOUT_GPU();
+  try {
+    Tensor t = Tensor::empty({int64_t(1) << 38, 16}, DType::kF32, Device::cuda());  // 16 TiB
+    FAIL() << "no error thrown";
+  } catch (const DeviceError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("out of device memory on cuda:0"), std::string::npos) << m;
+    EXPECT_NE(m.find("asked for 16384.00 GiB at once"), std::string::npos) << m;
+    EXPECT_NE(m.find(" free; the model, the batch"), std::string::npos) << m;
+  }
+  Tensor small = Tensor::empty({1000}, DType::kF32, Device::cuda());
+  EXPECT_NE(small.raw(), nullptr);
+}
+
 // device_count() is the runtime's count, or 0 where the runtime has no device or no driver.
 TEST(CudaRuntime, DeviceCountMatchesTheRuntime) {
   int n = -1;

@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -234,6 +235,21 @@ void* cache_alloc(size_t bytes, int device, size_t* capacity) {
     cudaGetLastError();
     empty_cache();
     err = cudaMalloc(&ptr, want);
+  }
+  if (err == cudaErrorMemoryAllocation) {
+    // What the user can act on (the sizes, not the call and line): a batch, prompt or model that
+    // does not fit is bad input for this GPU, as std::bad_alloc is for the host.
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) cudaGetLastError();
+    const auto gib = [](size_t b) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(size_t(1) << 30));
+      return std::string(buf);
+    };
+    throw DeviceError("out of device memory on cuda:" + std::to_string(device) + " (" + device_info(device).name +
+                      "): asked for " + gib(want) + " at once with " + gib(free_b) + " of " + gib(total_b) +
+                      " free; the model, the batch, the prompt or --max-new-tokens need more memory than this GPU has");
   }
   if (err != cudaSuccess)
     throw_cuda_error(err, ("cudaMalloc(" + std::to_string(want) + " bytes)").c_str(), __FILE__,
