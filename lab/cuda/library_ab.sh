@@ -11,7 +11,7 @@
 # (default off) their graph setting; CASES (default 1x128) the generate cases.
 . lab/cuda/device_env.sh
 ORDER=${ORDER:-"new base new base"}
-TESTS=${TESTS:-"test_cuda_quant test_cuda_backends"}
+TESTS=${TESTS-"test_cuda_quant test_cuda_backends"}  # TESTS= (empty) runs none
 TOKENS=${TOKENS:-4096,8192}
 BACKENDS=${BACKENDS:-grouped_mm}
 GRAPH=${GRAPH:-off}
